@@ -1,0 +1,44 @@
+"""Start a scripted vLLM engine in a child process and collect its JSON result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvmux._runner import RESULT_MARK
+from kvmux.errors import KvmuxError
+
+__all__ = ["EngineRunError", "run_engine_job"]
+
+
+class EngineRunError(KvmuxError):
+    """A scripted engine process failed."""
+
+
+def run_engine_job(job: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+    """Run ``job`` (see ``kvmux._runner``) in a fresh process; return its result."""
+    with tempfile.TemporaryDirectory(prefix="kvmux-job-") as tmp:
+        job_file = Path(tmp) / "job.json"
+        job_file.write_text(json.dumps(job))
+        child_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvmux._runner", str(job_file)],
+            capture_output=True,
+            text=True,
+            env=child_env,
+            timeout=timeout,
+            check=False,
+        )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARK):
+            result: dict[str, Any] = json.loads(line[len(RESULT_MARK) :])
+            result["log"] = proc.stderr[-20000:]
+            return result
+    raise EngineRunError(
+        f"engine job exited with {proc.returncode}:\n{proc.stderr[-6000:]}\n{proc.stdout[-2000:]}"
+    )

@@ -1,0 +1,115 @@
+"""The scheduler's view of a tier: which keys it holds, without touching any bytes."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from kvmux.errors import StoreError
+from kvmux.keys import BlockKey, store_key
+from kvmux.metrics import TierStats
+from kvmux.stores.base import KVStore
+
+__all__ = ["MirrorIndex", "SharedStoreView", "TierView"]
+
+log = logging.getLogger(__name__)
+
+
+class TierView(ABC):
+    """What the scheduler may ask about a tier."""
+
+    @abstractmethod
+    def count_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, the tier holds without a gap."""
+
+    @abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """Whether the tier holds ``key``."""
+
+    def record_saved(self, keys: Iterable[bytes]) -> list[bytes]:
+        """Note keys about to be saved; returns keys the worker must evict first."""
+        return []
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """Drop keys the worker reported missing."""
+
+
+class SharedStoreView(TierView):
+    """A store both halves can open (disk, Redis): ask it directly; errors are misses.
+
+    Lookups check rank 0's shard of each block; every rank saves the same blocks, and
+    a shard missing on another rank is a load error that the engine recomputes.
+    """
+
+    def __init__(self, store: KVStore, stats: TierStats):
+        self._store = store
+        self._stats = stats
+
+    def count_prefix(self, keys: Sequence[bytes]) -> int:
+        """Ask the store; a failing store holds nothing."""
+        try:
+            return self._store.count_prefix([store_key(BlockKey(k), 0) for k in keys])
+        except StoreError as exc:
+            self._stats.add(store_errors=1)
+            log.warning("kvmux tier %s: lookup failed, treated as a miss: %s", self._store.name, exc)
+            return 0
+
+    def contains(self, key: bytes) -> bool:
+        """Ask the store; a failing store holds nothing."""
+        return self.count_prefix([key]) == 1
+
+
+class MirrorIndex(TierView):
+    """Authoritative LRU index of a worker-local store (memory).
+
+    The scheduler decides what the worker's store holds: it admits keys as it plans
+    their saves and tells the worker which keys to evict, so the index and the store
+    agree without any message from the worker, whatever process the worker runs in.
+    """
+
+    def __init__(self, capacity: int, entry_size: int):
+        self.capacity = capacity
+        self.entry_size = entry_size
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+
+    @property
+    def max_entries(self) -> int:
+        """How many entries fit in the budget."""
+        return self.capacity // self.entry_size
+
+    def count_prefix(self, keys: Sequence[bytes]) -> int:
+        """Count held keys from the first; hits become most recently used."""
+        count = 0
+        for key in keys:
+            if key not in self._keys:
+                break
+            self._keys.move_to_end(key)
+            count += 1
+        return count
+
+    def contains(self, key: bytes) -> bool:
+        """Whether the key is held."""
+        return key in self._keys
+
+    def record_saved(self, keys: Iterable[bytes]) -> list[bytes]:
+        """Admit keys, evicting least recently used ones past the budget."""
+        evicted: list[bytes] = []
+        for key in keys:
+            if self.max_entries == 0:
+                break
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+            while len(self._keys) > self.max_entries:
+                old, _ = self._keys.popitem(last=False)
+                evicted.append(old)
+        return evicted
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """Drop keys the worker could not serve."""
+        for key in keys:
+            self._keys.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._keys)

@@ -1,0 +1,54 @@
+"""Per-tier counters, shared by the scheduler and worker halves of a connector."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+
+__all__ = ["TierStats", "stats_for", "stats_snapshot"]
+
+
+@dataclass
+class TierStats:
+    """Counters of one tier; all updates go through ``add``."""
+
+    lookups: int = 0  # requests looked up
+    hit_tokens: int = 0  # tokens offered to the engine
+    loaded_blocks: int = 0  # blocks copied into the engine's KV cache
+    load_errors: int = 0  # blocks promised but missing or corrupt (recomputed)
+    saved_blocks: int = 0  # blocks written to the store
+    save_errors: int = 0  # blocks that could not be written (dropped)
+    store_errors: int = 0  # store calls that raised (lookups included)
+    bytes_loaded: int = 0
+    bytes_saved: int = 0
+    load_seconds: float = 0.0
+    save_seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: float) -> None:
+        """Add each delta to the counter of that name."""
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> dict[str, float]:
+        """A plain copy of the counters."""
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
+
+
+_registry: dict[str, TierStats] = {}
+_registry_lock = threading.Lock()
+
+
+def stats_for(name: str) -> TierStats:
+    """The process-wide counters of the tier called ``name``."""
+    with _registry_lock:
+        return _registry.setdefault(name, TierStats())
+
+
+def stats_snapshot() -> dict[str, dict[str, float]]:
+    """Counters of every tier in this process, by tier name."""
+    with _registry_lock:
+        items = list(_registry.items())
+    return {name: stats.snapshot() for name, stats in items}

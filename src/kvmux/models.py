@@ -1,0 +1,47 @@
+"""Random-weight Llama models built locally, for tests, the demo and benchmarks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["MODEL_SIZES", "ModelSize", "build_random_llama"]
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Shape of a random Llama."""
+
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+
+
+MODEL_SIZES = {
+    "tiny": ModelSize(2, 128, 4, 2, 256, 1024, 8192),
+    "bench": ModelSize(8, 1024, 8, 4, 2816, 32000, 16384),
+}
+
+
+def build_random_llama(path: Path, size: str = "tiny", dtype: str = "float32", seed: int = 0) -> Path:
+    """Build (once) a random-weight Llama at ``path``; returns the model directory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = MODEL_SIZES[size]
+    stamp = path / "kvmux-model.json"
+    wanted = {"size": size, "dtype": dtype, "seed": seed, **asdict(shape)}
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+        return path
+    torch.manual_seed(seed)
+    config = LlamaConfig(**asdict(shape), torch_dtype=dtype, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    stamp.write_text(json.dumps(wanted))
+    return path

@@ -1,0 +1,113 @@
+"""Scheduler-side bookkeeping of one tier: lookups, load and save plans. No tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvmux.index import TierView
+from kvmux.keys import BlockKey, block_keys
+from kvmux.metrics import TierStats
+from kvmux.plan import BlockTransfer, StepPlan
+
+__all__ = ["ScheduledRequest", "StorePlanner"]
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """What the planner needs of one request scheduled this step."""
+
+    req_id: str
+    num_computed_tokens: int  # tokens already in the KV cache before this step
+    num_scheduled_tokens: int  # tokens computed by this step
+    block_ids: Sequence[int]  # the request's blocks, in token order
+
+
+@dataclass
+class _RequestState:
+    keys: list[BlockKey]  # one per full prompt block
+    max_hit_blocks: int  # blocks a hit may cover: never the prompt's last token
+    saved_upto: int = 0  # blocks below this index are saved or known present
+    lookup: tuple[int, int] | None = None  # (num_computed_tokens, hit blocks) of the last lookup
+    load: range | None = None  # block indices to load
+    load_block_ids: list[int] = field(default_factory=list)
+
+
+class StorePlanner:
+    """Decides, per request, what to load from and save to one tier."""
+
+    def __init__(self, view: TierView, block_size: int, namespace: bytes, stats: TierStats):
+        self._view = view
+        self._block_size = block_size
+        self._namespace = namespace
+        self._stats = stats
+        self._requests: dict[str, _RequestState] = {}
+        self._pending_loads: list[BlockTransfer] = []
+
+    def _state(self, req_id: str, prompt: Sequence[int], salt: bytes) -> _RequestState:
+        state = self._requests.get(req_id)
+        if state is None:
+            keys = block_keys(self._namespace, salt, prompt, self._block_size)
+            limit = max(0, (len(prompt) - 1) // self._block_size)
+            state = _RequestState(keys=keys, max_hit_blocks=limit)
+            self._requests[req_id] = state
+        return state
+
+    def lookup(self, req_id: str, prompt: Sequence[int], salt: bytes, num_computed: int) -> int:
+        """Tokens the tier holds past ``num_computed`` (block-aligned), for a new request."""
+        state = self._state(req_id, prompt, salt)
+        start = num_computed // self._block_size
+        candidates = state.keys[start : state.max_hit_blocks]
+        hits = self._view.count_prefix(candidates) if candidates else 0
+        state.lookup = (num_computed, hits)
+        return hits * self._block_size
+
+    def on_alloc(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        """Plan the load of the blocks the last lookup promised."""
+        state = self._requests.get(req_id)
+        if state is None or state.lookup is None:
+            return
+        num_computed, _ = state.lookup
+        state.lookup = None
+        self._stats.add(lookups=1, hit_tokens=max(0, num_external_tokens))
+        if num_external_tokens <= 0:
+            return
+        start = num_computed // self._block_size
+        count = num_external_tokens // self._block_size
+        for index in range(start, start + count):
+            self._pending_loads.append(BlockTransfer(state.keys[index], block_ids[index]))
+        state.load = range(start, start + count)
+
+    def build(self, scheduled: Iterable[ScheduledRequest]) -> StepPlan:
+        """The step's plan: pending loads, plus saves of every newly full prompt block."""
+        plan = StepPlan(loads=self._pending_loads)
+        self._pending_loads = []
+        for request in scheduled:
+            state = self._requests.get(request.req_id)
+            if state is not None:
+                plan.saves.extend(self._plan_saves(state, request))
+        plan.saves = list({t.key: t for t in plan.saves}.values())
+        plan.evictions = self._view.record_saved(t.key for t in plan.saves)
+        return plan
+
+    def _plan_saves(self, state: _RequestState, request: ScheduledRequest) -> list[BlockTransfer]:
+        done = request.num_computed_tokens + request.num_scheduled_tokens
+        full = min(done // self._block_size, len(state.keys), len(request.block_ids))
+        loaded = state.load or range(0)
+        state.load = None
+        saves = []
+        for index in range(state.saved_upto, full):
+            key = state.keys[index]
+            if index in loaded or self._view.contains(key):
+                continue
+            saves.append(BlockTransfer(key, request.block_ids[index]))
+        state.saved_upto = max(state.saved_upto, full)
+        return saves
+
+    def forget(self, keys: Iterable[BlockKey]) -> None:
+        """Keys the worker could not load: the tier does not hold them."""
+        self._view.forget(keys)
+
+    def finish(self, req_id: str) -> None:
+        """Drop the state of a finished or aborted request."""
+        self._requests.pop(req_id, None)

@@ -1,0 +1,52 @@
+"""The store contract: bytes in, bytes out, under 16-byte keys."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+__all__ = ["KVStore"]
+
+
+class KVStore(ABC):
+    """A byte store with a budget. Every method is thread-safe.
+
+    Errors are raised as ``kvmux.errors.StoreError``; callers treat them as misses.
+    """
+
+    name: str
+    capacity: int
+
+    @abstractmethod
+    def put(self, key: bytes, value: bytes) -> bool:
+        """Store ``value`` under ``key``; False if it was not stored (too large)."""
+
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None:
+        """The value under ``key``, or None if absent."""
+
+    @abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` is present, without reading its value."""
+
+    def count_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, are present without a gap."""
+        for count, key in enumerate(keys):
+            if not self.contains(key):
+                return count
+        return len(keys)
+
+    @abstractmethod
+    def delete(self, key: bytes) -> None:
+        """Remove ``key`` if present."""
+
+    @abstractmethod
+    def used_bytes(self) -> int:
+        """Bytes currently held (as counted against the capacity)."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove every entry."""
+
+    def close(self) -> None:
+        """Release resources; the store is unusable afterwards."""

@@ -1,0 +1,24 @@
+"""Build a store from its parsed spec."""
+
+from __future__ import annotations
+
+from kvmux.config import DiskSpec, MemorySpec, StoreSpec
+from kvmux.stores.base import KVStore
+from kvmux.stores.disk import DiskStore
+from kvmux.stores.memory import MemoryStore
+
+__all__ = ["is_worker_local", "open_store"]
+
+
+def open_store(spec: StoreSpec) -> KVStore:
+    """Open the store a spec describes; raises StoreUnavailable if it cannot."""
+    if isinstance(spec, MemorySpec):
+        return MemoryStore(spec.capacity, name=spec.name)
+    if isinstance(spec, DiskSpec):
+        return DiskStore(spec.path, spec.capacity, name=spec.name)
+    raise TypeError(f"unknown store spec {spec!r}")
+
+
+def is_worker_local(spec: StoreSpec) -> bool:
+    """True when only the worker process can see the store's contents."""
+    return isinstance(spec, MemorySpec)

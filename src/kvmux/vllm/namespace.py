@@ -1,0 +1,72 @@
+"""Everything about an engine that changes the bytes of a KV block."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from blake3 import blake3
+
+from kvmux.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+__all__ = ["block_size_of", "engine_namespace", "payload_bytes_per_block"]
+
+
+def _single_group(kv_cache_config: KVCacheConfig) -> Any:
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ConfigError(
+            "model", f"kvmux supports models with one KV cache group, this one has {len(groups)}"
+        )
+    return groups[0]
+
+
+def block_size_of(kv_cache_config: KVCacheConfig) -> int:
+    """Tokens per block of the engine's KV cache."""
+    return int(_single_group(kv_cache_config).kv_cache_spec.block_size)
+
+
+def payload_bytes_per_block(kv_cache_config: KVCacheConfig) -> int:
+    """Bytes one block occupies over all layers of one rank."""
+    group = _single_group(kv_cache_config)
+    return int(group.kv_cache_spec.page_size_bytes) * len(group.layer_names)
+
+
+def _hf_config_digest(vllm_config: VllmConfig) -> str:
+    hf_config = vllm_config.model_config.hf_config
+    text = hf_config.to_json_string(use_diff=False) if hasattr(hf_config, "to_json_string") else ""
+    return blake3(str(text).encode()).hexdigest(16)
+
+
+def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> dict[str, Any]:
+    """The namespace mapping that keys and entry headers are bound to."""
+    from vllm.platforms import current_platform
+
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    group = _single_group(kv_cache_config)
+    spec = group.kv_cache_spec
+    device = str(current_platform.device_type)
+    return {
+        "model": str(model.model),
+        "revision": str(model.revision),
+        "hf_config": _hf_config_digest(vllm_config),
+        "model_dtype": str(model.dtype),
+        "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
+        "kv_spec": type(spec).__name__,
+        "kv_dtype": str(getattr(spec, "dtype", "")),
+        "num_kv_heads": int(getattr(spec, "num_kv_heads", 0)),
+        "head_size": int(getattr(spec, "head_size", 0)),
+        "page_size_bytes": int(spec.page_size_bytes),
+        "num_layers": len(group.layer_names),
+        "block_size": int(spec.block_size),
+        "tensor_parallel_size": int(parallel.tensor_parallel_size),
+        "pipeline_parallel_size": int(parallel.pipeline_parallel_size),
+        "device": device,
+        "cpu_isa": torch.backends.cpu.get_cpu_capability() if device == "cpu" else "",
+        "kv_cache_layout": str(getattr(vllm_config, "kv_cache_layout", "") or ""),
+    }

@@ -1,0 +1,218 @@
+"""StoreConnector: a vLLM V1 KV connector over one kvmux store tier."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+
+from kvmux.config import StoreConnectorConfig, parse_store_connector_config
+from kvmux.index import MirrorIndex, SharedStoreView, TierView
+from kvmux.keys import BlockKey, namespace_id, request_salt
+from kvmux.metrics import stats_for
+from kvmux.plan import StepPlan
+from kvmux.planner import ScheduledRequest, StorePlanner
+from kvmux.stores import is_worker_local, open_store
+from kvmux.vllm.namespace import block_size_of, engine_namespace, payload_bytes_per_block
+from kvmux.worker import StoreWorker
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["StoreConnector", "StoreConnectorMetadata", "StoreWorkerMetadata"]
+
+log = logging.getLogger(__name__)
+HEADER_ALLOWANCE = 4096  # upper bound of an entry's header and trailer bytes
+
+
+@dataclass
+class StoreConnectorMetadata(KVConnectorMetadata):
+    """The step plan, sent from the scheduler to every worker."""
+
+    plan: StepPlan = field(default_factory=StepPlan)
+
+
+@dataclass
+class StoreWorkerMetadata(KVConnectorWorkerMetadata):
+    """Keys the workers could not load, sent back to the scheduler."""
+
+    missing: set[BlockKey] = field(default_factory=set)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        """Union of the missing keys of several workers."""
+        assert isinstance(other, StoreWorkerMetadata)
+        return StoreWorkerMetadata(self.missing | other.missing)
+
+
+def _worker_rank() -> int:
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    tp = get_tp_group()
+    return int(get_pp_group().rank_in_group) * int(tp.world_size) + int(tp.rank_in_group)
+
+
+class StoreConnector(KVConnectorBase_V1):
+    """Loads prompt prefixes from, and saves every full prompt block to, one tier."""
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A dropped save is only a future miss."""
+        return False
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.config: StoreConnectorConfig = parse_store_connector_config(
+            self._kv_transfer_config.kv_connector_extra_config
+        )
+        spec = self.config.store
+        self.tier_name = spec.name
+        self.stats = stats_for(spec.name)
+        self._namespace = namespace_id(engine_namespace(vllm_config, kv_cache_config))
+        self._block_size = block_size_of(kv_cache_config)
+        self._planner: StorePlanner | None = None
+        self._worker: StoreWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._planner = StorePlanner(
+                self._scheduler_view(kv_cache_config), self._block_size, self._namespace, self.stats
+            )
+            self._prefer_recompute()
+        else:
+            self._worker = StoreWorker(open_store(spec), self._namespace, _worker_rank(), self.stats)
+        log.info("kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name)
+
+    def _scheduler_view(self, kv_cache_config: KVCacheConfig) -> TierView:
+        spec = self.config.store
+        if is_worker_local(spec):
+            entry = payload_bytes_per_block(kv_cache_config) + HEADER_ALLOWANCE
+            return MirrorIndex(spec.capacity, entry)
+        return SharedStoreView(open_store(spec), self.stats)
+
+    def _prefer_recompute(self) -> None:
+        """A best-effort cache: a failed load is recomputed unless the user asked to fail."""
+        if not self.config.fail_on_load_error:
+            self._kv_transfer_config.kv_load_failure_policy = "recompute"
+
+    # -- scheduler side --------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Tokens past ``num_computed_tokens`` that the tier holds; loaded synchronously."""
+        assert self._planner is not None
+        lora = request.lora_request.lora_name if request.lora_request else None
+        salt = request_salt(request.cache_salt, lora)
+        prompt = request.prompt_token_ids or []
+        return self._planner.lookup(request.request_id, prompt, salt, num_computed_tokens), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        """Plan the load of the promised blocks into the blocks just allocated."""
+        assert self._planner is not None
+        block_ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
+        self._planner.on_alloc(request.request_id, block_ids, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """This step's loads, saves and evictions."""
+        assert self._planner is not None
+        return StoreConnectorMetadata(self._planner.build(_scheduled(scheduler_output)))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Forget keys the workers could not load."""
+        assert self._planner is not None
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, StoreWorkerMetadata) and meta.missing:
+            self._planner.forget(meta.missing)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Saves are copied out within the step, so the blocks may be freed at once."""
+        assert self._planner is not None
+        self._planner.finish(request.request_id)
+        return False, None
+
+    # -- worker side -------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Adopt the engine's KV cache tensors."""
+        assert self._worker is not None
+        self._worker.register(kv_caches, self._kv_cache_config.num_blocks)
+
+    def _plan(self) -> StepPlan | None:
+        if not self.has_connector_metadata():
+            return None
+        meta = self._get_connector_metadata()
+        return meta.plan if isinstance(meta, StoreConnectorMetadata) else None
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Load every planned block before the forward pass."""
+        plan = self._plan()
+        if plan is not None and self._worker is not None:
+            self._worker.load(plan.loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Loads finish in ``start_load_kv``; nothing to wait for."""
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        """Blocks are copied out once per step in ``wait_for_save``."""
+
+    def wait_for_save(self) -> None:
+        """Copy this step's full blocks out; the writer thread stores them."""
+        plan = self._plan()
+        if plan is not None and self._worker is not None:
+            self._worker.save(plan)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks promised but missing or corrupt: the engine recomputes them."""
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        """Report keys that could not be loaded, so the scheduler stops offering them."""
+        if self._worker is None:
+            return None
+        missing = self._worker.take_missing()
+        return StoreWorkerMetadata(missing) if missing else None
+
+    def shutdown(self) -> None:
+        """Write out queued saves and close the store."""
+        if self._worker is not None:
+            self._worker.close()
+
+    def reset_cache(self) -> bool | None:
+        """Empty the tier's store (worker side) or index (scheduler side)."""
+        if self._worker is not None:
+            self._worker.flush()
+            self._worker.store.clear()
+        return True
+
+
+def _scheduled(scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:
+    """The requests of a step with their blocks, as the planner needs them."""
+    computed = {new.req_id: int(new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, map(int, cached.num_computed_tokens), strict=True))
+    state = scheduler_output.kv_connector_block_state
+    scheduled = []
+    for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+        block_ids = state.get_block_ids(req_id) if state is not None else None
+        if block_ids and req_id in computed:
+            scheduled.append(ScheduledRequest(req_id, computed[req_id], num_tokens, block_ids[0]))
+    return scheduled

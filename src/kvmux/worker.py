@@ -1,0 +1,175 @@
+"""Worker-side half of a tier: runs a step's loads and hands its saves to a writer thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from kvmux import codec
+from kvmux.errors import CorruptEntry, StoreError
+from kvmux.keys import BlockKey, store_key
+from kvmux.metrics import TierStats
+from kvmux.plan import BlockTransfer, StepPlan
+from kvmux.stores.base import KVStore
+from kvmux.transfer import BlockMover
+
+__all__ = ["StoreWorker"]
+
+log = logging.getLogger(__name__)
+_READERS = 4
+
+
+class StoreWorker:
+    """Moves blocks between one store and the engine's KV cache for one rank."""
+
+    def __init__(self, store: KVStore, namespace: bytes, rank: int, stats: TierStats):
+        self._store = store
+        self._namespace = namespace
+        self._rank = rank
+        self._stats = stats
+        self._mover: BlockMover | None = None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"kvmux-{store.name}-save")
+        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"kvmux-{store.name}-load")
+        self._pending: dict[bytes, Future[None]] = {}
+        self._pending_lock = threading.Lock()
+        self._load_errors: set[int] = set()
+        self._missing: set[BlockKey] = set()
+        self._warned: set[str] = set()
+
+    @property
+    def store(self) -> KVStore:
+        """The store this worker reads and writes."""
+        return self._store
+
+    def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int | None) -> None:
+        """Adopt the engine's KV cache tensors."""
+        self._mover = BlockMover(kv_caches, num_blocks)
+
+    def _skey(self, key: BlockKey) -> bytes:
+        return store_key(key, self._rank)
+
+    def _warn_once(self, kind: str, message: str, *args: object) -> None:
+        level = logging.WARNING if kind not in self._warned else logging.DEBUG
+        self._warned.add(kind)
+        log.log(level, message, *args)
+
+    # -- loads ---------------------------------------------------------------
+
+    def load(self, loads: Sequence[BlockTransfer]) -> None:
+        """Copy every planned block into the KV cache before the forward pass."""
+        if not loads or self._mover is None:
+            return
+        started = time.perf_counter()
+        keys = [self._skey(t.key) for t in loads]
+        for data, transfer, skey in zip(
+            self._readers.map(self._fetch, keys), loads, keys, strict=True
+        ):
+            if data is None or not self._install(transfer, skey, data):
+                self._load_errors.add(transfer.block_id)
+                self._missing.add(transfer.key)
+        failed = sum(1 for t in loads if t.block_id in self._load_errors)
+        self._stats.add(
+            loaded_blocks=len(loads) - failed,
+            load_errors=failed,
+            load_seconds=time.perf_counter() - started,
+        )
+
+    def _fetch(self, skey: bytes) -> bytes | None:
+        with self._pending_lock:
+            pending = self._pending.get(skey)
+        if pending is not None:
+            pending.exception()  # waits; a failed save is simply a miss
+        try:
+            return self._store.get(skey)
+        except StoreError as exc:
+            self._stats.add(store_errors=1)
+            self._warn_once("get", "kvmux tier %s: read failed, recomputing: %s", self._store.name, exc)
+            return None
+
+    def _install(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> bool:
+        assert self._mover is not None
+        try:
+            entry = codec.decode(data, self._namespace, skey)
+            self._mover.copy_in(transfer.block_id, entry)
+        except CorruptEntry as exc:
+            self._warn_once("corrupt", "kvmux tier %s: bad entry, recomputing: %s", self._store.name, exc)
+            self._drop(skey)
+            return False
+        self._stats.add(bytes_loaded=len(data))
+        return True
+
+    def _drop(self, skey: bytes) -> None:
+        try:
+            self._store.delete(skey)
+        except StoreError:
+            self._stats.add(store_errors=1)
+
+    def take_load_errors(self) -> set[int]:
+        """Block ids that failed to load since the last call."""
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def take_missing(self) -> set[BlockKey]:
+        """Block keys the store could not serve since the last call."""
+        missing, self._missing = self._missing, set()
+        return missing
+
+    # -- saves ---------------------------------------------------------------
+
+    def save(self, plan: StepPlan) -> None:
+        """Copy the planned blocks out now; encode and write them off the critical path."""
+        if self._mover is None or not (plan.saves or plan.evictions):
+            return
+        copies = self._mover.copy_out([t.block_id for t in plan.saves]) if plan.saves else []
+        keys = [self._skey(t.key) for t in plan.saves]
+        evictions = [self._skey(k) for k in plan.evictions]
+        future = self._writer.submit(self._write, keys, copies, evictions)
+        with self._pending_lock:
+            for skey in keys:
+                self._pending[skey] = future
+        future.add_done_callback(lambda _f, ks=keys: self._settle(ks, _f))
+
+    def _settle(self, keys: list[bytes], future: Future[None]) -> None:
+        with self._pending_lock:
+            for skey in keys:
+                if self._pending.get(skey) is future:
+                    del self._pending[skey]
+
+    def _write(self, keys: list[bytes], copies: list[torch.Tensor], evictions: list[bytes]) -> None:
+        assert self._mover is not None
+        for skey in evictions:
+            self._drop(skey)
+        started = time.perf_counter()
+        saved = failed = written = 0
+        for row, skey in enumerate(keys):
+            data = codec.encode(
+                self._namespace, skey, self._mover.layer_specs, BlockMover.block_parts(copies, row)
+            )
+            try:
+                stored = self._store.put(skey, data)
+            except StoreError as exc:
+                self._warn_once("put", "kvmux tier %s: write failed, dropped: %s", self._store.name, exc)
+                stored = False
+            saved, failed = saved + stored, failed + (not stored)
+            written += len(data) if stored else 0
+        self._stats.add(
+            saved_blocks=saved,
+            save_errors=failed,
+            bytes_saved=written,
+            save_seconds=time.perf_counter() - started,
+        )
+
+    def flush(self) -> None:
+        """Wait until every queued save is written."""
+        self._writer.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Finish queued saves and release threads and the store."""
+        self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        self._store.close()
