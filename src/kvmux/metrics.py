@@ -23,6 +23,8 @@ class TierStats:
     bytes_saved: int = 0
     load_seconds: float = 0.0
     save_seconds: float = 0.0
+    stored_bytes: int = 0  # bytes the store holds, as of the last write (this process)
+    peak_stored_bytes: int = 0  # highest stored_bytes seen
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: float) -> None:
@@ -30,6 +32,12 @@ class TierStats:
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
+
+    def observe_stored(self, stored: int) -> None:
+        """Record the store's current size and keep its peak."""
+        with self._lock:
+            self.stored_bytes = stored
+            self.peak_stored_bytes = max(self.peak_stored_bytes, stored)
 
     def snapshot(self) -> dict[str, float]:
         """A plain copy of the counters."""

@@ -163,6 +163,7 @@ class StoreWorker:
             bytes_saved=written,
             save_seconds=time.perf_counter() - started,
         )
+        self._stats.observe_stored(self._store.used_bytes())
 
     def flush(self) -> None:
         """Wait until every queued save is written."""
