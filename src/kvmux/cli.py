@@ -14,7 +14,9 @@ DEFAULT_DIR = Path.home() / ".cache" / "kvmux"
 def _demo(args: argparse.Namespace) -> int:
     from kvmux.demo import format_table, run_demo
 
-    print(f"kvmux demo: building the model and starting vLLM twice (workdir {args.dir})", flush=True)
+    print(
+        f"kvmux demo: building the model and starting vLLM twice (workdir {args.dir})", flush=True
+    )
     rows = run_demo(args.dir, prompt_tokens=args.prompt_tokens)
     print(format_table(rows))
     return 0
@@ -23,7 +25,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvmux", description="KV-cache tiers for vLLM.")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="load a long prompt from memory, then from disk after a restart")
+    demo = commands.add_parser(
+        "demo", help="load a long prompt from memory, then from disk after a restart"
+    )
     demo.add_argument("--dir", type=Path, default=DEFAULT_DIR / "demo", help="work directory")
     demo.add_argument("--prompt-tokens", type=int, default=3000, help="prompt length")
     demo.set_defaults(func=_demo)

@@ -33,7 +33,9 @@ _UNITS = {
     "TIB": 2**40,
 }
 _CAPACITY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-_CAPACITY_HELP = "a positive integer of bytes or a number with B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
+_CAPACITY_HELP = (
+    "a positive integer of bytes or a number with B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
+)
 
 
 def parse_capacity(value: Any, key: str) -> int:

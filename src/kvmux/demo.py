@@ -55,7 +55,14 @@ def _rows(names: list[str], steps: list[dict[str, Any]], prompt_len: int) -> lis
         loaded = {tier: int(after[tier] - before[tier]) for tier in TIERS}
         before = after
         rows.append(
-            DemoRow(name, prompt_len, step["num_cached_tokens"][0], loaded, step["seconds"], step["tokens"][0][0])
+            DemoRow(
+                name,
+                prompt_len,
+                step["num_cached_tokens"][0],
+                loaded,
+                step["seconds"],
+                step["tokens"][0][0],
+            )
         )
     return rows
 
@@ -102,7 +109,9 @@ def format_table(rows: list[DemoRow]) -> str:
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines]
+    text = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
+    ]
     same = len({row.first_token for row in rows}) == 1
     text.append(f"first generated token identical in every run: {'yes' if same else 'NO'}")
     return "\n".join(text)

@@ -20,7 +20,9 @@ class EngineRunError(KvmuxError):
     """A scripted engine process failed."""
 
 
-def run_engine_job(job: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+def run_engine_job(
+    job: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 900
+) -> dict[str, Any]:
     """Run ``job`` (see ``kvmux._runner``) in a fresh process; return its result."""
     with tempfile.TemporaryDirectory(prefix="kvmux-job-") as tmp:
         job_file = Path(tmp) / "job.json"

@@ -21,19 +21,20 @@ class TierView(ABC):
     """What the scheduler may ask about a tier."""
 
     @abstractmethod
-    def count_prefix(self, keys: Sequence[bytes]) -> int:
+    def count_prefix(self, keys: Sequence[BlockKey]) -> int:
         """How many of ``keys``, from the first, the tier holds without a gap."""
 
     @abstractmethod
-    def contains(self, key: bytes) -> bool:
+    def contains(self, key: BlockKey) -> bool:
         """Whether the tier holds ``key``."""
 
-    def record_saved(self, keys: Iterable[bytes]) -> list[bytes]:
+    def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
         """Note keys about to be saved; returns keys the worker must evict first."""
         return []
 
-    def forget(self, keys: Iterable[bytes]) -> None:
+    def forget(self, keys: Iterable[BlockKey]) -> None:
         """Drop keys the worker reported missing."""
+        return None
 
 
 class SharedStoreView(TierView):
@@ -47,16 +48,18 @@ class SharedStoreView(TierView):
         self._store = store
         self._stats = stats
 
-    def count_prefix(self, keys: Sequence[bytes]) -> int:
+    def count_prefix(self, keys: Sequence[BlockKey]) -> int:
         """Ask the store; a failing store holds nothing."""
         try:
-            return self._store.count_prefix([store_key(BlockKey(k), 0) for k in keys])
+            return self._store.count_prefix([store_key(k, 0) for k in keys])
         except StoreError as exc:
             self._stats.add(store_errors=1)
-            log.warning("kvmux tier %s: lookup failed, treated as a miss: %s", self._store.name, exc)
+            log.warning(
+                "kvmux tier %s: lookup failed, treated as a miss: %s", self._store.name, exc
+            )
             return 0
 
-    def contains(self, key: bytes) -> bool:
+    def contains(self, key: BlockKey) -> bool:
         """Ask the store; a failing store holds nothing."""
         return self.count_prefix([key]) == 1
 
@@ -72,14 +75,14 @@ class MirrorIndex(TierView):
     def __init__(self, capacity: int, entry_size: int):
         self.capacity = capacity
         self.entry_size = entry_size
-        self._keys: OrderedDict[bytes, None] = OrderedDict()
+        self._keys: OrderedDict[BlockKey, None] = OrderedDict()
 
     @property
     def max_entries(self) -> int:
         """How many entries fit in the budget."""
         return self.capacity // self.entry_size
 
-    def count_prefix(self, keys: Sequence[bytes]) -> int:
+    def count_prefix(self, keys: Sequence[BlockKey]) -> int:
         """Count held keys from the first; hits become most recently used."""
         count = 0
         for key in keys:
@@ -89,13 +92,13 @@ class MirrorIndex(TierView):
             count += 1
         return count
 
-    def contains(self, key: bytes) -> bool:
+    def contains(self, key: BlockKey) -> bool:
         """Whether the key is held."""
         return key in self._keys
 
-    def record_saved(self, keys: Iterable[bytes]) -> list[bytes]:
+    def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
         """Admit keys, evicting least recently used ones past the budget."""
-        evicted: list[bytes] = []
+        evicted: list[BlockKey] = []
         for key in keys:
             if self.max_entries == 0:
                 break
@@ -106,7 +109,7 @@ class MirrorIndex(TierView):
                 evicted.append(old)
         return evicted
 
-    def forget(self, keys: Iterable[bytes]) -> None:
+    def forget(self, keys: Iterable[BlockKey]) -> None:
         """Drop keys the worker could not serve."""
         for key in keys:
             self._keys.pop(key, None)

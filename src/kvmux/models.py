@@ -29,7 +29,9 @@ MODEL_SIZES = {
 }
 
 
-def build_random_llama(path: Path, size: str = "tiny", dtype: str = "float32", seed: int = 0) -> Path:
+def build_random_llama(
+    path: Path, size: str = "tiny", dtype: str = "float32", seed: int = 0
+) -> Path:
     """Build (once) a random-weight Llama at ``path``; returns the model directory."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -40,8 +42,8 @@ def build_random_llama(path: Path, size: str = "tiny", dtype: str = "float32", s
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         return path
     torch.manual_seed(seed)
-    config = LlamaConfig(**asdict(shape), torch_dtype=dtype, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    config = LlamaConfig(**asdict(shape), tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype))  # type: ignore[no-untyped-call]
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     stamp.write_text(json.dumps(wanted))

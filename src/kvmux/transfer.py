@@ -74,7 +74,7 @@ class BlockMover:
     @staticmethod
     def block_parts(copies: Sequence[torch.Tensor], row: int) -> list[memoryview]:
         """Raw bytes of block ``row`` of each layer copy, without copying."""
-        return [memoryview(c[row].view(torch.uint8).numpy()).cast("B") for c in copies]
+        return [c[row].view(torch.uint8).numpy().data.cast("B") for c in copies]
 
     def copy_in(self, block_id: int, entry: DecodedEntry) -> None:
         """Write a verified entry into block ``block_id`` of every layer."""
@@ -84,6 +84,8 @@ class BlockMover:
         for tensor, dim, spec, offset in zip(
             self._layers, self._dims, self.layer_specs, offsets, strict=True
         ):
-            raw = torch.frombuffer(entry.payload, dtype=torch.uint8, count=spec.nbytes, offset=offset)
+            raw = torch.frombuffer(
+                entry.payload, dtype=torch.uint8, count=spec.nbytes, offset=offset
+            )
             source = raw.view(_DTYPES[spec.dtype]).view(spec.shape)
             tensor.select(dim, block_id).copy_(source)

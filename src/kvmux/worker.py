@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import torch
 
@@ -88,7 +89,9 @@ class StoreWorker:
             return self._store.get(skey)
         except StoreError as exc:
             self._stats.add(store_errors=1)
-            self._warn_once("get", "kvmux tier %s: read failed, recomputing: %s", self._store.name, exc)
+            self._warn_once(
+                "get", "kvmux tier %s: read failed, recomputing: %s", self._store.name, exc
+            )
             return None
 
     def _install(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> bool:
@@ -97,7 +100,9 @@ class StoreWorker:
             entry = codec.decode(data, self._namespace, skey)
             self._mover.copy_in(transfer.block_id, entry)
         except CorruptEntry as exc:
-            self._warn_once("corrupt", "kvmux tier %s: bad entry, recomputing: %s", self._store.name, exc)
+            self._warn_once(
+                "corrupt", "kvmux tier %s: bad entry, recomputing: %s", self._store.name, exc
+            )
             self._drop(skey)
             return False
         self._stats.add(bytes_loaded=len(data))
@@ -132,7 +137,7 @@ class StoreWorker:
         with self._pending_lock:
             for skey in keys:
                 self._pending[skey] = future
-        future.add_done_callback(lambda _f, ks=keys: self._settle(ks, _f))
+        future.add_done_callback(partial(self._settle, keys))
 
     def _settle(self, keys: list[bytes], future: Future[None]) -> None:
         with self._pending_lock:
@@ -153,7 +158,9 @@ class StoreWorker:
             try:
                 stored = self._store.put(skey, data)
             except StoreError as exc:
-                self._warn_once("put", "kvmux tier %s: write failed, dropped: %s", self._store.name, exc)
+                self._warn_once(
+                    "put", "kvmux tier %s: write failed, dropped: %s", self._store.name, exc
+                )
                 stored = False
             saved, failed = saved + stored, failed + (not stored)
             written += len(data) if stored else 0

@@ -50,3 +50,4 @@ class KVStore(ABC):
 
     def close(self) -> None:
         """Release resources; the store is unusable afterwards."""
+        return None

@@ -94,8 +94,12 @@ class StoreConnector(KVConnectorBase_V1):
             )
             self._prefer_recompute()
         else:
-            self._worker = StoreWorker(open_store(spec), self._namespace, _worker_rank(), self.stats)
-        log.info("kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name)
+            self._worker = StoreWorker(
+                open_store(spec), self._namespace, _worker_rank(), self.stats
+            )
+        log.info(
+            "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
+        )
 
     def _scheduler_view(self, kv_cache_config: KVCacheConfig) -> TierView:
         spec = self.config.store
@@ -141,7 +145,9 @@ class StoreConnector(KVConnectorBase_V1):
         if isinstance(meta, StoreWorkerMetadata) and meta.missing:
             self._planner.forget(meta.missing)
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         """Saves are copied out within the step, so the blocks may be freed at once."""
         assert self._planner is not None
         self._planner.finish(request.request_id)
@@ -170,7 +176,11 @@ class StoreConnector(KVConnectorBase_V1):
         """Loads finish in ``start_load_kv``; nothing to wait for."""
 
     def save_kv_layer(
-        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
     ) -> None:
         """Blocks are copied out once per step in ``wait_for_save``."""
 
@@ -206,7 +216,9 @@ class StoreConnector(KVConnectorBase_V1):
 
 def _scheduled(scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:
     """The requests of a step with their blocks, as the planner needs them."""
-    computed = {new.req_id: int(new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs}
+    computed = {
+        new.req_id: int(new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs
+    }
     cached = scheduler_output.scheduled_cached_reqs
     computed.update(zip(cached.req_ids, map(int, cached.num_computed_tokens), strict=True))
     state = scheduler_output.kv_connector_block_state

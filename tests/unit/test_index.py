@@ -1,0 +1,152 @@
+"""kvmux.index: the scheduler's views of a tier."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvmux.errors import StoreError
+from kvmux.index import MirrorIndex, SharedStoreView
+from kvmux.keys import BlockKey, store_key
+from kvmux.metrics import TierStats
+from kvmux.stores import MemoryStore
+
+
+def _k(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def test_max_entries() -> None:
+    assert MirrorIndex(capacity=1000, entry_size=100).max_entries == 10
+    assert MirrorIndex(capacity=1099, entry_size=100).max_entries == 10
+    assert MirrorIndex(capacity=99, entry_size=100).max_entries == 0
+
+
+def test_empty_index() -> None:
+    index = MirrorIndex(1000, 100)
+    assert len(index) == 0
+    assert index.count_prefix([]) == 0
+    assert index.count_prefix([_k(1)]) == 0
+    assert not index.contains(_k(1))
+
+
+def test_record_saved_then_count_prefix() -> None:
+    index = MirrorIndex(1000, 100)
+    assert index.record_saved([_k(0), _k(1), _k(2), _k(4)]) == []
+    assert len(index) == 4
+    keys = [_k(i) for i in range(6)]
+    assert index.count_prefix(keys) == 3
+    assert index.count_prefix(keys[1:]) == 2
+    assert index.count_prefix(keys[3:]) == 0
+    assert index.count_prefix(keys[4:]) == 1
+    assert index.contains(_k(4))
+    assert not index.contains(_k(3))
+
+
+def test_record_saved_accepts_any_iterable() -> None:
+    index = MirrorIndex(1000, 100)
+    index.record_saved(k for k in [_k(1), _k(2)])
+    assert index.count_prefix([_k(1), _k(2)]) == 2
+
+
+def test_eviction_is_least_recently_saved_first() -> None:
+    index = MirrorIndex(300, 100)
+    assert index.record_saved([_k(0), _k(1), _k(2)]) == []
+    assert index.record_saved([_k(3)]) == [_k(0)]
+    assert index.record_saved([_k(4), _k(5)]) == [_k(1), _k(2)]
+    assert len(index) == 3
+    assert [index.contains(_k(i)) for i in range(6)] == [False] * 3 + [True] * 3
+
+
+def test_count_prefix_hits_become_most_recently_used() -> None:
+    index = MirrorIndex(300, 100)
+    index.record_saved([_k(0), _k(1), _k(2)])
+    assert index.count_prefix([_k(0)]) == 1
+    assert index.record_saved([_k(3)]) == [_k(1)]
+    assert index.record_saved([_k(4)]) == [_k(2)]
+    assert index.record_saved([_k(5)]) == [_k(0)]
+
+
+def test_count_prefix_stops_at_the_first_gap_without_touching_later_keys() -> None:
+    index = MirrorIndex(300, 100)
+    index.record_saved([_k(0), _k(1), _k(2)])
+    # _k(9) is absent: _k(0) is touched, _k(1) is not
+    assert index.count_prefix([_k(0), _k(9), _k(1)]) == 1
+    assert index.record_saved([_k(3)]) == [_k(1)]
+
+
+def test_contains_does_not_refresh() -> None:
+    index = MirrorIndex(200, 100)
+    index.record_saved([_k(0), _k(1)])
+    assert index.contains(_k(0))
+    assert index.record_saved([_k(2)]) == [_k(0)]
+
+
+def test_re_saving_a_key_refreshes_it_without_growing() -> None:
+    index = MirrorIndex(300, 100)
+    index.record_saved([_k(0), _k(1), _k(2)])
+    assert index.record_saved([_k(0)]) == []
+    assert len(index) == 3
+    assert index.record_saved([_k(3)]) == [_k(1)]
+
+
+def test_forget() -> None:
+    index = MirrorIndex(300, 100)
+    index.record_saved([_k(0), _k(1), _k(2)])
+    index.forget([_k(1), _k(7)])  # unknown keys are ignored
+    assert len(index) == 2
+    assert not index.contains(_k(1))
+    assert index.count_prefix([_k(0), _k(1), _k(2)]) == 1
+    assert index.record_saved([_k(3)]) == []  # room was freed
+
+
+def test_index_never_exceeds_max_entries() -> None:
+    index = MirrorIndex(500, 100)
+    evicted: list[bytes] = []
+    for i in range(50):
+        evicted += index.record_saved([_k(i), _k(i + 1000)])
+        assert len(index) <= index.max_entries == 5
+    assert len(evicted) == 100 - 5
+    assert len(set(evicted)) == len(evicted)
+
+
+def test_zero_budget_admits_nothing() -> None:
+    index = MirrorIndex(50, 100)
+    assert index.record_saved([_k(0), _k(1)]) == []
+    assert len(index) == 0
+    assert index.count_prefix([_k(0)]) == 0
+
+
+# -- SharedStoreView -----------------------------------------------------------
+
+
+def test_shared_view_asks_the_store_for_rank_zero_shards() -> None:
+    store = MemoryStore(1 << 20)
+    stats = TierStats()
+    view = SharedStoreView(store, stats)
+    keys = [BlockKey(_k(i)) for i in range(4)]
+    for key in keys[:2]:
+        store.put(store_key(key, 0), b"entry")
+    store.put(store_key(keys[2], 1), b"only rank 1")
+    assert view.count_prefix(keys) == 2
+    assert view.contains(keys[1])
+    assert not view.contains(keys[2])
+    assert view.record_saved(keys) == []  # the store evicts by itself
+    view.forget(keys)  # no-op: the store is the truth
+    assert view.count_prefix(keys) == 2
+    assert stats.store_errors == 0
+
+
+class _FailingStore(MemoryStore):
+    def contains(self, key: bytes) -> bool:
+        raise StoreError("disk on fire")
+
+    def count_prefix(self, keys: Sequence[bytes]) -> int:
+        raise StoreError("disk on fire")
+
+
+def test_shared_view_treats_store_errors_as_misses() -> None:
+    stats = TierStats()
+    view = SharedStoreView(_FailingStore(1000, name="broken"), stats)
+    assert view.count_prefix([_k(1), _k(2)]) == 0
+    assert not view.contains(_k(1))
+    assert stats.store_errors == 2
