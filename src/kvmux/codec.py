@@ -137,7 +137,7 @@ def _parse_header(raw: bytes, namespace: bytes, key: bytes) -> tuple[tuple[Layer
         payload_len = int(header["payload_len"])
     except CorruptEntry:
         raise
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise CorruptEntry(f"malformed header: {exc}") from exc
     for layer in layers:
         if layer.dtype not in _DTYPE_SIZES or any(d < 0 for d in layer.shape):

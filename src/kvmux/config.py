@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,9 @@ def parse_capacity(value: Any, key: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(key, f"bad capacity {value!r}", _CAPACITY_HELP)
     if isinstance(value, int):
-        number, unit = float(value), ""
+        number, unit = Decimal(value), ""
     elif isinstance(value, str) and (match := _CAPACITY_RE.match(value)):
-        number, unit = float(match.group(1)), match.group(2).upper()
+        number, unit = Decimal(match.group(1)), match.group(2).upper()
     else:
         raise ConfigError(key, f"bad capacity {value!r}", _CAPACITY_HELP)
     if unit not in _UNITS:
@@ -110,7 +111,7 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
     """Parse one store spec such as ``{"type": "memory", "capacity": "2GiB"}``."""
     spec = _require_mapping(raw, where)
     kind = _required(spec, "type", where)
-    if kind not in _STORE_KEYS:
+    if not isinstance(kind, str) or kind not in _STORE_KEYS:
         raise ConfigError(f"{where}.type", f"unknown store type {kind!r}", _STORE_KEYS)
     _check_keys(spec, _STORE_KEYS[kind], where)
     capacity = parse_capacity(_required(spec, "capacity", where), f"{where}.capacity")

@@ -88,6 +88,9 @@ class StorePlanner:
                 plan.saves.extend(self._plan_saves(state, request))
         plan.saves = list({t.key: t for t in plan.saves}.values())
         plan.evictions = self._view.record_saved(t.key for t in plan.saves)
+        if plan.evictions:  # more new blocks than the tier holds: skip what it would drop
+            dropped = set(plan.evictions)
+            plan.saves = [t for t in plan.saves if t.key not in dropped]
         return plan
 
     def _plan_saves(self, state: _RequestState, request: ScheduledRequest) -> list[BlockTransfer]:

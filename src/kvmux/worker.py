@@ -67,13 +67,14 @@ class StoreWorker:
             return
         started = time.perf_counter()
         keys = [self._skey(t.key) for t in loads]
+        failed = 0
         for data, transfer, skey in zip(
             self._readers.map(self._fetch, keys), loads, keys, strict=True
         ):
             if data is None or not self._install(transfer, skey, data):
                 self._load_errors.add(transfer.block_id)
                 self._missing.add(transfer.key)
-        failed = sum(1 for t in loads if t.block_id in self._load_errors)
+                failed += 1
         self._stats.add(
             loaded_blocks=len(loads) - failed,
             load_errors=failed,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -21,6 +21,7 @@ __all__ = ["DiskStore"]
 
 _SUFFIX = ".kvx"
 _EVICT_TO = 0.9  # after an eviction pass the directory holds at most this share of the budget
+_RESCAN_SHARE = 0.1  # rescan the shared directory after writing this share of the budget
 
 
 class DiskStore(KVStore):
@@ -34,6 +35,7 @@ class DiskStore(KVStore):
         self._lock = threading.Lock()
         self._prepare_directory()
         self._used = self._scan_used()
+        self._unscanned = 0  # bytes this process wrote since it last scanned the directory
 
     def _prepare_directory(self) -> None:
         try:
@@ -59,22 +61,38 @@ class DiskStore(KVStore):
         target = self._path(key)
         if target.exists():
             return True
+        tmp_name = self._write_temp(target, value)
+        with self._lock:
+            if target.exists():  # another thread or engine wrote it meanwhile
+                os.unlink(tmp_name)
+                return True
+            try:
+                os.replace(tmp_name, target)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+                raise StoreError(f"disk store {self.name!r}: write failed: {exc}") from exc
+            self._used += len(value)
+            self._unscanned += len(value)
+            due = self._used > self.capacity or self._unscanned > self.capacity * _RESCAN_SHARE
+        if due:
+            self._evict(keep=target)
+        return True
+
+    def _write_temp(self, target: Path, value: bytes) -> str:
         try:
             target.parent.mkdir(mode=0o700, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+        except OSError as exc:
+            raise StoreError(f"disk store {self.name!r}: write failed: {exc}") from exc
+        try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(value)
-            os.replace(tmp_name, target)
         except OSError as exc:
-            with contextlib.suppress(OSError, UnboundLocalError):
+            with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
             raise StoreError(f"disk store {self.name!r}: write failed: {exc}") from exc
-        with self._lock:
-            self._used += len(value)
-            over = self._used > self.capacity
-        if over:
-            self._evict()
-        return True
+        return tmp_name
 
     def get(self, key: bytes) -> bytes | None:
         """Read the entry file, refreshing its recency; None when absent."""
@@ -123,18 +141,22 @@ class DiskStore(KVStore):
     def _scan_used(self) -> int:
         return sum(size for _, size, _ in self._entries())
 
-    def _evict(self) -> None:
+    def _evict(self, keep: Path) -> None:
         """Rescan the directory (other engines write too) and drop the oldest files."""
         with self._lock:
             entries = sorted(self._entries())
             used = sum(size for _, size, _ in entries)
-            target = int(self.capacity * _EVICT_TO)
-            for _, size, path in entries:
-                if used <= target:
-                    break
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                used -= size
+            self._unscanned = 0
+            if used > self.capacity:
+                budget = int(self.capacity * _EVICT_TO)
+                for _, size, path in entries:
+                    if used <= budget:
+                        break
+                    if path == keep:
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                    used -= size
             self._used = used
 
     def clear(self) -> None:

@@ -1,9 +1,10 @@
 """The vLLM adapter: the only part of kvmux that imports vLLM.
 
-Load it with ``kv_connector_module_path="kvmux.vllm"`` and
-``kv_connector="StoreConnector"``.
+Load a connector with ``kv_connector_module_path="kvmux.vllm"`` and
+``kv_connector="StoreConnector"`` or ``kv_connector="MuxConnector"``.
 """
 
+from kvmux.vllm.mux_connector import MuxConnector
 from kvmux.vllm.store_connector import StoreConnector
 
-__all__ = ["StoreConnector"]
+__all__ = ["MuxConnector", "StoreConnector"]

@@ -21,6 +21,7 @@ from kvmux.metrics import stats_for
 from kvmux.plan import StepPlan
 from kvmux.planner import ScheduledRequest, StorePlanner
 from kvmux.stores import is_worker_local, open_store
+from kvmux.vllm.mux_stats import StoreConnectorStats
 from kvmux.vllm.namespace import block_size_of, engine_namespace, payload_bytes_per_block
 from kvmux.worker import StoreWorker
 
@@ -38,6 +39,7 @@ __all__ = ["StoreConnector", "StoreConnectorMetadata", "StoreWorkerMetadata"]
 
 log = logging.getLogger(__name__)
 HEADER_ALLOWANCE = 4096  # upper bound of an entry's header and trailer bytes
+_GAUGE_STATS = frozenset({"stored_bytes", "peak_stored_bytes"})
 
 
 @dataclass
@@ -69,6 +71,8 @@ def _worker_rank() -> int:
 class StoreConnector(KVConnectorBase_V1):
     """Loads prompt prefixes from, and saves every full prompt block to, one tier."""
 
+    kvmux_offset_loads = True  # can load a range that starts past the computed tokens
+
     @property
     def requires_kv_delivery(self) -> bool:
         """A dropped save is only a future miss."""
@@ -86,6 +90,7 @@ class StoreConnector(KVConnectorBase_V1):
         self.stats = stats_for(spec.name)
         self._namespace = namespace_id(engine_namespace(vllm_config, kv_cache_config))
         self._block_size = block_size_of(kv_cache_config)
+        self._last_stats: dict[str, float] = {}
         self._planner: StorePlanner | None = None
         self._worker: StoreWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -200,6 +205,21 @@ class StoreConnector(KVConnectorBase_V1):
             return None
         missing = self._worker.take_missing()
         return StoreWorkerMetadata(missing) if missing else None
+
+    def get_kv_connector_stats(self) -> StoreConnectorStats | None:
+        """This worker's tier counters since the last call."""
+        if self._worker is None:
+            return None
+        now = self.stats.snapshot()
+        delta = {k: v - self._last_stats.get(k, 0) for k, v in now.items() if k not in _GAUGE_STATS}
+        self._last_stats = now
+        stats = StoreConnectorStats(data=delta)
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> StoreConnectorStats:
+        """Rebuild the stats sent from the workers."""
+        return StoreConnectorStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
         """Write out queued saves and close the store."""

@@ -224,7 +224,7 @@ def test_concurrent_puts_and_gets(make_store: MakeStore) -> None:
                 check(probe, store.get(probe))
                 store.contains(probe)
                 store.count_prefix(shared[:4])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]

@@ -1,0 +1,1 @@
+"""Pure-Python parts of MuxConnector: config, load selection, breakers, finish accounting."""

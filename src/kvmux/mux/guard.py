@@ -1,0 +1,93 @@
+"""Call a child hook so that an exception becomes a logged, counted default."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TypeVar
+
+from kvmux.mux.breaker import CircuitBreaker
+
+__all__ = ["ChildGuard", "succeeded"]
+
+log = logging.getLogger("kvmux.mux")
+T = TypeVar("T")
+_COUNTERS = (
+    "lookups",
+    "hit_tokens",
+    "loaded_tokens",
+    "load_errors",
+    "save_errors",
+    "errors",
+    "skipped_calls",
+    "load_seconds",
+    "save_seconds",
+)
+
+
+def succeeded(fn: Callable[..., object], *args: object) -> Callable[[], bool]:
+    """A call of ``fn(*args)`` that returns True once it returned at all."""
+
+    def run() -> bool:
+        fn(*args)
+        return True
+
+    return run
+
+
+class ChildGuard:
+    """Breaker, counters and once-per-burst logging of one child."""
+
+    def __init__(self, label: str, breaker: CircuitBreaker):
+        self.label = label
+        self.breaker = breaker
+        self.counters: dict[str, float] = defaultdict(float)
+        self._logged_hooks: set[str] = set()
+
+    def call(self, hook: str, fn: Callable[[], T], default: T, timer: str | None = None) -> T:
+        """Run ``fn``; on an exception or an open breaker return ``default``."""
+        if not self.breaker.allow():
+            self.counters["skipped_calls"] += 1
+            return default
+        started = time.perf_counter()
+        try:
+            result = fn()
+        except Exception as exc:
+            self.fail(hook, exc)
+            return default
+        finally:
+            if timer is not None:
+                self.counters[timer] += time.perf_counter() - started
+        if self.breaker.state == "half-open":
+            log.warning("kvmux mux: child %s recovered, breaker closed", self.label)
+            self._logged_hooks.clear()
+        self.breaker.record_success()
+        return result
+
+    def fail(self, hook: str, exc: BaseException) -> None:
+        """Count a failure, open the breaker, log once per burst and hook."""
+        self.counters["errors"] += 1
+        self.breaker.record_failure()
+        if hook not in self._logged_hooks:
+            self._logged_hooks.add(hook)
+            log.error(
+                "kvmux mux: child %s failed in %s (%s: %s); skipping it for a while",
+                self.label,
+                hook,
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+
+    def snapshot(self) -> dict[str, float | str]:
+        """Counters plus the breaker's state."""
+        data: dict[str, float | str] = {name: self.counters.get(name, 0.0) for name in _COUNTERS}
+        data["breaker_trips"] = float(self.breaker.trips)
+        data["breaker_open"] = 0.0 if self.breaker.state == "closed" else 1.0
+        return data
+
+    def reset_counters(self) -> None:
+        """Start a new stats interval."""
+        self.counters.clear()

@@ -1,0 +1,115 @@
+"""MuxConnector's worker half: runs children's hooks in isolation, finishes exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from kvmux.mux.accounting import FinishTracker
+from kvmux.mux.guard import ChildGuard, succeeded
+from kvmux.mux.plan import MuxStepPlan
+
+__all__ = ["MuxWorker", "TransferResult"]
+
+TransferResult = tuple[set[str], set[str], set[str]]  # sending, recving, failed recving
+
+
+class MuxWorker:
+    """Step state of the worker side: which children are live, what failed, who owes what."""
+
+    def __init__(self, children: Sequence[Any], guards: Sequence[ChildGuard]):
+        self.children = children
+        self.guards = guards
+        self.recving = FinishTracker()
+        self.sending = FinishTracker()
+        self._step = MuxStepPlan()
+        self._loading = [False] * len(children)  # child takes part in this step's loads
+        self._saving = [False] * len(children)  # child takes part in this step's saves
+        self._load_errors: set[int] = set()
+        self._done_recving: set[str] = set()
+
+    def begin_step(self, plan: MuxStepPlan, child_metas: Sequence[Any | None]) -> None:
+        """Bind each live child's metadata; children left out lose their loads."""
+        self._step = plan
+        self._load_errors.update(plan.failed_blocks)
+        for req_id, children in plan.async_loaders.items():
+            if children:
+                self.recving.expect(req_id, children)
+            else:
+                self._done_recving.add(req_id)
+        for req_id, children in plan.async_savers.items():
+            self.sending.expect(req_id, children)
+        for i, (child, meta) in enumerate(zip(self.children, child_metas, strict=True)):
+            bound = meta is not None and self.guards[i].call(
+                "bind_connector_metadata",
+                succeeded(child.bind_connector_metadata, meta),
+                False,
+            )
+            self._loading[i] = self._saving[i] = bool(bound)
+            if not bound:
+                self._lose_loads(i)
+
+    def _lose_loads(self, i: int) -> None:
+        """Child ``i`` will not load this step: its blocks are errors, its async loads fail."""
+        self._loading[i] = False
+        self._load_errors.update(self._step.load_blocks.pop(i, []))
+        owed = [r for r, children in self._step.async_loaders.items() if i in children]
+        self._done_recving |= self.recving.report(i, owed, failed=True)
+
+    def each_loading(self, hook: str, call: Callable[[Any], object]) -> None:
+        """Run a load hook on every child still loading this step."""
+        for i, child in enumerate(self.children):
+            if self._loading[i]:
+                ok = self.guards[i].call(hook, succeeded(call, child), False, "load_seconds")
+                if not ok:
+                    self._lose_loads(i)
+                    self._saving[i] = False
+
+    def each_saving(self, hook: str, call: Callable[[Any], object]) -> None:
+        """Run a save hook on every child still saving this step; a failure drops its saves."""
+        for i, child in enumerate(self.children):
+            if self._saving[i]:
+                ok = self.guards[i].call(hook, succeeded(call, child), False, "save_seconds")
+                if not ok:
+                    self._saving[i] = False
+                    self.guards[i].counters["save_errors"] += 1
+
+    def end_step(self) -> None:
+        """Unbind every child that was bound."""
+        for i, child in enumerate(self.children):
+            if self._loading[i] or self._saving[i]:
+                self.guards[i].call(
+                    "clear_connector_metadata", child.clear_connector_metadata, None
+                )
+        self._loading = [False] * len(self.children)
+        self._saving = [False] * len(self.children)
+
+    def transfer_results(self, finished_req_ids: set[str]) -> TransferResult:
+        """Each request finished once, after every child that owes it reported."""
+        sending: set[str] = set()
+        recving, self._done_recving = self._done_recving, set()
+        for i, child in enumerate(self.children):
+            result = self.guards[i].call(
+                "get_transfer_results",
+                partial(child.get_transfer_results, finished_req_ids),
+                None,
+            )
+            if result is None:  # raised, or skipped by its breaker: it owes nothing more
+                recving |= self.recving.abandon_child(i)
+                sending |= self.sending.abandon_child(i)
+                continue
+            failed = set(result.failed_recving)
+            recving |= self.recving.report(i, failed, failed=True)
+            recving |= self.recving.report(i, set(result.finished_recving) - failed)
+            sending |= self.sending.report(i, result.finished_sending)
+        return sending, recving, self.recving.take_failed(recving)
+
+    def load_errors(self) -> set[int]:
+        """Blocks that failed to load this step, from any child or from the mux itself."""
+        errors, self._load_errors = self._load_errors, set()
+        for i, child in enumerate(self.children):
+            errors |= self.guards[i].call(
+                "get_block_ids_with_load_errors", child.get_block_ids_with_load_errors, set()
+            )
+        return errors

@@ -1,0 +1,483 @@
+"""MuxConnector: compose any vLLM KV connectors, load piecewise, isolate failures."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+    supports_hma,
+)
+
+from kvmux.errors import ConfigError
+from kvmux.mux.breaker import CircuitBreaker
+from kvmux.mux.config import INHERITED, MuxConfig, parse_mux_config
+from kvmux.mux.guard import ChildGuard
+from kvmux.mux.plan import MuxStepPlan
+from kvmux.mux.scheduler_side import MuxScheduler
+from kvmux.mux.worker_side import MuxWorker
+from kvmux.vllm.mux_stats import MuxConnectorStats, MuxPromMetrics
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["MuxConnector", "MuxMetadata", "MuxWorkerMetadata"]
+
+log = logging.getLogger("kvmux.mux")
+STATS_LOG_SECONDS = 60.0
+
+
+@dataclass
+class MuxMetadata(KVConnectorMetadata):
+    """Each child's metadata in order (None: the child is skipped), plus the mux's plan."""
+
+    children: tuple[KVConnectorMetadata | None, ...]
+    plan: MuxStepPlan = field(default_factory=MuxStepPlan)
+
+
+@dataclass
+class MuxWorkerMetadata(KVConnectorWorkerMetadata):
+    """Each child's worker metadata in order, plus children whose worker breaker is open."""
+
+    children: tuple[KVConnectorWorkerMetadata | None, ...]
+    open_children: frozenset[int] = frozenset()
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        """Combine child by child."""
+        assert isinstance(other, MuxWorkerMetadata)
+        merged = tuple(
+            a if b is None else b if a is None else a.aggregate(b)
+            for a, b in zip(self.children, other.children, strict=True)
+        )
+        return MuxWorkerMetadata(merged, self.open_children | other.open_children)
+
+
+def _mux_config(vllm_config: VllmConfig) -> MuxConfig:
+    ktc = vllm_config.kv_transfer_config
+    assert ktc is not None
+    inherited = {name: getattr(ktc, name) for name in INHERITED}
+    return parse_mux_config(ktc.kv_connector_extra_config, inherited)
+
+
+def _child_classes(vllm_config: VllmConfig) -> list[tuple[str, type[Any], Any]]:
+    """(label, class, child VllmConfig) for every configured child."""
+    children = []
+    for child in _mux_config(vllm_config).children:
+        temp = copy.copy(vllm_config)
+        try:
+            temp.kv_transfer_config = KVTransferConfig(**child.fields)
+            cls = KVConnectorFactory.get_connector_class(temp.kv_transfer_config)
+        except (ValueError, TypeError, ImportError, AttributeError) as exc:
+            raise ConfigError(f"connectors[{child.label}]", f"cannot load child: {exc}") from exc
+        children.append((child.label, cls, temp))
+    return children
+
+
+class MuxConnector(KVConnectorBase_V1):
+    """Loads a request from one or several children, saves to all, survives their failures."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.config = _mux_config(vllm_config)
+        self._children: list[KVConnectorBase_V1] = []
+        self._guards: list[ChildGuard] = []
+        for label, cls, temp in _child_classes(vllm_config):
+            self._children.append(cls(temp, role, kv_cache_config))
+            breaker = CircuitBreaker(self.config.breaker_seconds, self.config.breaker_max_seconds)
+            self._guards.append(ChildGuard(label, breaker))
+        offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
+        block_size = int(vllm_config.cache_config.block_size)
+        self._scheduler = MuxScheduler(
+            self._children, self._guards, self.config.policy, offset_capable, block_size
+        )
+        self._worker = MuxWorker(self._children, self._guards)
+        self._meta: MuxMetadata | None = None
+        self._last_stats_log = time.monotonic()
+        if not self.config.fail_on_load_error:
+            self._kv_transfer_config.kv_load_failure_policy = "recompute"
+        labels = ", ".join(g.label for g in self._guards)
+        log.info("kvmux MuxConnector (%s, policy %s): %s", role.name, self.config.policy, labels)
+
+    @property
+    def children(self) -> list[KVConnectorBase_V1]:
+        """The child connectors, in load order."""
+        return list(self._children)
+
+    def _each(self, hook: str, call: Any, default: Any = None) -> list[Any]:
+        return [
+            g.call(hook, partial(call, c), default)
+            for c, g in zip(self._children, self._guards, strict=True)
+        ]
+
+    # -- properties and class-level queries -------------------------------------
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """True if any child hands off KV that must be delivered."""
+        return any(c.requires_kv_delivery for c in self._children)
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """Only when every child does."""
+        return bool(self._children) and all(
+            c.supports_divergent_local_hybrid_hits for c in self._children
+        )
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """The children's common layout requirement; a mismatch is a ConfigError."""
+        wanted: dict[str, str] = {}
+        for label, child_cls, temp in _child_classes(vllm_config):
+            layout = child_cls.get_required_kvcache_layout(temp)
+            if layout is not None:
+                wanted[label] = layout
+        if len(set(wanted.values())) > 1:
+            found = ", ".join(f"{label} needs {layout}" for label, layout in wanted.items())
+            raise ConfigError("connectors", f"KV cache layout mismatch: {found}")
+        return next(iter(wanted.values()), None)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """True if any child needs piecewise CUDA graphs."""
+        for child in parse_mux_config(extra_config, {}).children:
+            child_cls = KVConnectorFactory.get_connector_class(KVTransferConfig(**child.fields))
+            if child_cls.requires_piecewise_for_cudagraph(
+                child.fields.get("kv_connector_extra_config", {})
+            ):
+                return True
+        return False
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> MuxConnectorStats:
+        """Rebuild the per-child stats sent from the workers."""
+        return MuxConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: Any,
+        labelnames: list[str],
+        per_engine_labelvalues: Any,
+    ) -> MuxPromMetrics:
+        """Prometheus counters per child, labelled by the child's position and name."""
+        children = [label for label, _, _ in _child_classes(vllm_config)]
+        return MuxPromMetrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues, children
+        )
+
+    # -- scheduler side -----------------------------------------------------------
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        """Bind the cache manager to every child."""
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._each("bind_kv_cache_manager", lambda c: c.bind_kv_cache_manager(kv_cache_manager))
+
+    def on_new_request(self, request: Request) -> None:
+        """Tell every child about a new request."""
+        self._each("on_new_request", lambda c: c.on_new_request(request))
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """What the children offer together, per the policy; None while a child looks."""
+        return self._scheduler.lookup(request, num_computed_tokens)
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """The first contributor's groups."""
+        plan = self._scheduler.contributions(request.request_id)
+        if not plan:
+            return super().get_loaded_kv_cache_group_ids(request)
+        return self._children[plan[0].child].get_loaded_kv_cache_group_ids(request)
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[Any, int]:
+        """Hit sources summed over the contributors."""
+        sources: dict[Any, int] = {}
+        for c in self._scheduler.contributions(request.request_id):
+            for source, count in (
+                self._children[c.child].get_external_cache_hit_sources(request, c.tokens).items()
+            ):
+                sources[source] = sources.get(source, 0) + count
+        return sources
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        """Each contributor gets its share; every other child gets 0."""
+        self._scheduler.after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """Children's metadata in order plus the mux's own plan."""
+        metas = tuple(
+            self._each("build_connector_meta", lambda c: c.build_connector_meta(scheduler_output))
+        )
+        return MuxMetadata(metas, self._scheduler.take_step(metas))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Hand each child its own worker metadata; open breakers the workers opened."""
+        meta = connector_output.kv_connector_worker_meta
+        parts = (
+            meta.children if isinstance(meta, MuxWorkerMetadata) else (None,) * len(self._children)
+        )
+        if isinstance(meta, MuxWorkerMetadata):
+            for i in meta.open_children:
+                self._guards[i].breaker.force_open(self.config.breaker_seconds)
+        try:
+            for i, child in enumerate(self._children):
+                connector_output.kv_connector_worker_meta = parts[i]
+                self._guards[i].call(
+                    "update_connector_output",
+                    partial(child.update_connector_output, connector_output),
+                    None,
+                )
+        finally:
+            connector_output.kv_connector_worker_meta = meta
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Hold the blocks until every async-saving child finished; merge transfer params."""
+        results = self._each(
+            "request_finished", lambda c: c.request_finished(request, block_ids), (False, None)
+        )
+        return self._scheduler.finished(request.request_id, results)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """HMA variant: children that support HMA get all groups, others group 0."""
+
+        def finish(c: Any) -> tuple[bool, dict[str, Any] | None]:
+            if supports_hma(c):
+                return c.request_finished_all_groups(request, block_ids)  # type: ignore[no-any-return]
+            return c.request_finished(request, block_ids[0])  # type: ignore[no-any-return]
+
+        results = self._each("request_finished_all_groups", finish, (False, None))
+        return self._scheduler.finished(request.request_id, results)
+
+    def register_finished_partial_tail(
+        self, request: Request, block_ids: Any, partial_tail_offloads: Any
+    ) -> bool:
+        """True if any child takes the partial tail."""
+        return any(
+            self._each(
+                "register_finished_partial_tail",
+                lambda c: c.register_finished_partial_tail(
+                    request, block_ids, partial_tail_offloads
+                ),
+                False,
+            )
+        )
+
+    def take_events(self) -> Iterable[Any]:
+        """Events of every child."""
+        for events in self._each("take_events", lambda c: list(c.take_events()), []):
+            yield from events
+
+    def has_pending_block_frees(self) -> bool:
+        """True if any child will free blocks soon."""
+        return any(
+            self._each("has_pending_block_frees", lambda c: c.has_pending_block_frees(), False)
+        )
+
+    def has_pending_push_work(self) -> bool:
+        """True if any child has push work."""
+        return any(self._each("has_pending_push_work", lambda c: c.has_pending_push_work(), False))
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        """The first child's handshake metadata that is not None."""
+        return next(
+            (
+                m
+                for m in self._each("get_handshake_metadata", lambda c: c.get_handshake_metadata())
+                if m is not None
+            ),
+            None,
+        )
+
+    def set_xfer_handshake_metadata(
+        self, metadata: dict[int, KVConnectorHandshakeMetadata]
+    ) -> None:
+        """Every child gets the handshake metadata."""
+        self._each("set_xfer_handshake_metadata", lambda c: c.set_xfer_handshake_metadata(metadata))
+
+    def set_xfer_handshake_metadata_pp_aware(
+        self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]
+    ) -> None:
+        """Every child gets the PP-aware handshake metadata."""
+        self._each(
+            "set_xfer_handshake_metadata_pp_aware",
+            lambda c: c.set_xfer_handshake_metadata_pp_aware(metadata),
+        )
+
+    def reset_cache(self) -> bool:
+        """Reset every child; True only if all succeeded."""
+        return all(
+            r is not False for r in self._each("reset_cache", lambda c: c.reset_cache(), False)
+        )
+
+    # -- worker side ----------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Give every child the KV caches."""
+        self._each("register_kv_caches", lambda c: c.register_kv_caches(kv_caches))
+
+    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+        """Every child gets the copy ops."""
+        self._each("set_host_xfer_buffer_ops", lambda c: c.set_host_xfer_buffer_ops(copy_operation))
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Bind each child's metadata, in order."""
+        super().bind_connector_metadata(connector_metadata)
+        assert isinstance(connector_metadata, MuxMetadata)
+        self._worker.begin_step(connector_metadata.plan, connector_metadata.children)
+
+    def clear_connector_metadata(self) -> None:
+        """Unbind every child."""
+        super().clear_connector_metadata()
+        self._worker.end_step()
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Each child handles preemptions with its own metadata."""
+        assert isinstance(kv_connector_metadata, MuxMetadata)
+        for i, (child, meta) in enumerate(
+            zip(self._children, kv_connector_metadata.children, strict=True)
+        ):
+            if meta is not None:
+                self._guards[i].call(
+                    "handle_preemptions", partial(child.handle_preemptions, meta), None
+                )
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Start every loading child's loads."""
+        self._worker.each_loading(
+            "start_load_kv", lambda c: c.start_load_kv(forward_context, **kwargs)
+        )
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Wait for every loading child."""
+        self._worker.each_loading(
+            "wait_for_layer_load", lambda c: c.wait_for_layer_load(layer_name)
+        )
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        """Every saving child saves the layer."""
+        self._worker.each_saving(
+            "save_kv_layer",
+            lambda c: c.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs),
+        )
+
+    def wait_for_save(self) -> None:
+        """Every saving child finishes its step's saves."""
+        self._worker.each_saving("wait_for_save", lambda c: c.wait_for_save())
+
+    def finish_forward(self) -> None:
+        """Tell every child the forward pass is done."""
+        self._each("finish_forward", lambda c: c.finish_forward())
+
+    def reset_capture_state(self) -> None:
+        """Reset every child's capture state."""
+        self._each("reset_capture_state", lambda c: c.reset_capture_state())
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Each request once, after all of its loaders (or savers) finished."""
+        sending, recving, failed = self._worker.transfer_results(finished_req_ids)
+        return KVConnectorTransferResults(
+            finished_sending=sending, finished_recving=recving, failed_recving=failed
+        )
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Finished sends and receives, each request exactly once."""
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks that any child, or the mux on a child's behalf, failed to load."""
+        return self._worker.load_errors()
+
+    def get_finished_count(self) -> int | None:
+        """The children's common finished count, if they all state one."""
+        counts = self._each("get_finished_count", lambda c: c.get_finished_count())
+        if any(c is None for c in counts):
+            return None
+        if len(set(counts)) > 1:
+            raise ConfigError("connectors", f"children expect different finished counts: {counts}")
+        return counts[0] if counts else None
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        """Each child's worker metadata, and which children this worker has cut off."""
+        metas = tuple(
+            self._each("build_connector_worker_meta", lambda c: c.build_connector_worker_meta())
+        )
+        opened = frozenset(i for i, g in enumerate(self._guards) if not g.breaker.allow())
+        if all(m is None for m in metas) and not opened:
+            return None
+        return MuxWorkerMetadata(metas, opened)
+
+    def get_kv_connector_stats(self) -> MuxConnectorStats | None:
+        """Per-child counters of this interval, keyed by position and name."""
+        data: dict[str, Any] = {}
+        for child, guard in zip(self._children, self._guards, strict=True):
+            entry: dict[str, Any] = dict(guard.snapshot())
+            child_stats = guard.call("get_kv_connector_stats", child.get_kv_connector_stats, None)
+            if child_stats is not None and not child_stats.is_empty():
+                entry["child"] = {
+                    k: v for k, v in child_stats.reduce().items() if isinstance(v, int | float)
+                }
+            data[guard.label] = entry
+            guard.reset_counters()
+        stats = MuxConnectorStats(data=data)
+        self._maybe_log(stats)
+        return None if stats.is_empty() else stats
+
+    def _maybe_log(self, stats: MuxConnectorStats) -> None:
+        now = time.monotonic()
+        if now - self._last_stats_log >= STATS_LOG_SECONDS and not stats.is_empty():
+            self._last_stats_log = now
+            log.info("kvmux mux stats: %s", stats.reduce())
+
+    def shutdown(self) -> None:
+        """Shut every child down, even if one fails."""
+        for child, guard in zip(self._children, self._guards, strict=True):
+            try:
+                child.shutdown()  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                guard.fail("shutdown", exc)
+
+    def get_mem_pool_context(self) -> Any:
+        """The first child's memory pool context, if any."""
+        return next(
+            (ctx for ctx in (c.get_mem_pool_context() for c in self._children) if ctx is not None),
+            None,
+        )

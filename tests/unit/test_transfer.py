@@ -1,0 +1,117 @@
+"""kvmux.transfer.BlockMover on small CPU tensors."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvmux import codec  # noqa: E402
+from kvmux.codec import LayerSpec  # noqa: E402
+from kvmux.errors import CorruptEntry  # noqa: E402
+from kvmux.keys import namespace_id  # noqa: E402
+from kvmux.transfer import BlockMover  # noqa: E402
+
+NUM_BLOCKS = 6
+NS = namespace_id({"m": "x"})
+KEY = b"k" * 16
+LAYOUTS = {"blocks_first": (NUM_BLOCKS, 2, 4, 8), "blocks_second": (2, NUM_BLOCKS, 4, 8)}
+
+
+def _dim(layout: str) -> int:
+    return 0 if layout == "blocks_first" else 1
+
+
+def _caches(layout: str, seed: int | None = 0, dtype: torch.dtype = torch.float32) -> dict:
+    shape = LAYOUTS[layout]
+    if seed is None:
+        return {f"layer.{i}": torch.zeros(shape, dtype=dtype) for i in range(2)}
+    generator = torch.Generator().manual_seed(seed)
+    return {f"layer.{i}": torch.randn(shape, generator=generator).to(dtype) for i in range(2)}
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_layer_specs(layout: str) -> None:
+    mover = BlockMover(_caches(layout), NUM_BLOCKS)
+    expected = LayerSpec((2, 4, 8), "float32")
+    assert mover.layer_specs == (expected, expected)
+    assert mover.entry_payload_bytes == 2 * 2 * 4 * 8 * 4
+    assert mover.device == torch.device("cpu")
+
+
+def test_block_dimension_defaults_to_zero_without_num_blocks() -> None:
+    mover = BlockMover(_caches("blocks_second"), None)
+    assert mover.layer_specs[0].shape == (NUM_BLOCKS, 4, 8)
+
+
+def test_copy_out(layout: str) -> None:
+    caches = _caches(layout)
+    dim = _dim(layout)
+    mover = BlockMover(caches, NUM_BLOCKS)
+    copies = mover.copy_out([1, 3])
+    assert len(copies) == 2
+    for copy, tensor in zip(copies, caches.values(), strict=True):
+        assert copy.shape == (2, 2, 4, 8)
+        assert copy.is_contiguous()
+        assert torch.equal(copy[0], tensor.select(dim, 1))
+        assert torch.equal(copy[1], tensor.select(dim, 3))
+    # copies are independent of the cache
+    before = copies[0].clone()
+    for tensor in caches.values():
+        tensor.zero_()
+    assert torch.equal(copies[0], before)
+
+
+def test_block_parts_are_the_raw_bytes(layout: str) -> None:
+    caches = _caches(layout)
+    dim = _dim(layout)
+    mover = BlockMover(caches, NUM_BLOCKS)
+    copies = mover.copy_out([2, 5])
+    for row, block in enumerate([2, 5]):
+        parts = BlockMover.block_parts(copies, row)
+        assert [p.nbytes for p in parts] == [s.nbytes for s in mover.layer_specs]
+        for part, tensor in zip(parts, caches.values(), strict=True):
+            assert bytes(part) == tensor.select(dim, block).contiguous().numpy().tobytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
+def test_copy_out_encode_decode_copy_in(layout: str, dtype: torch.dtype) -> None:
+    source = _caches(layout, seed=1, dtype=dtype)
+    target = _caches(layout, seed=None, dtype=dtype)
+    dim = _dim(layout)
+    out_mover = BlockMover(source, NUM_BLOCKS)
+    in_mover = BlockMover(target, NUM_BLOCKS)
+    copies = out_mover.copy_out([1, 3])
+    for row, (src_block, dst_block) in enumerate([(1, 4), (3, 5)]):
+        data = codec.encode(NS, KEY, out_mover.layer_specs, BlockMover.block_parts(copies, row))
+        in_mover.copy_in(dst_block, codec.decode(data, NS, KEY))
+        for src, dst in zip(source.values(), target.values(), strict=True):
+            assert torch.equal(dst.select(dim, dst_block), src.select(dim, src_block))
+    for dst in target.values():
+        for untouched in range(4):
+            assert not dst.select(dim, untouched).any()
+
+
+def test_copy_in_rejects_a_different_layout() -> None:
+    source = BlockMover(_caches("blocks_first"), NUM_BLOCKS)
+    copies = source.copy_out([0])
+    data = codec.encode(NS, KEY, source.layer_specs, BlockMover.block_parts(copies, 0))
+    entry = codec.decode(data, NS, KEY)
+    narrow = {f"l{i}": torch.zeros(NUM_BLOCKS, 2, 4, 4) for i in range(2)}
+    with pytest.raises(CorruptEntry):
+        BlockMover(narrow, NUM_BLOCKS).copy_in(1, entry)
+    half = {f"l{i}": torch.zeros(NUM_BLOCKS, 2, 4, 8, dtype=torch.float16) for i in range(2)}
+    with pytest.raises(CorruptEntry):
+        BlockMover(half, NUM_BLOCKS).copy_in(1, entry)
+    one_layer = {"l0": torch.zeros(NUM_BLOCKS, 2, 4, 8)}
+    with pytest.raises(CorruptEntry):
+        BlockMover(one_layer, NUM_BLOCKS).copy_in(1, entry)
+
+
+def test_unsupported_dtype() -> None:
+    with pytest.raises(TypeError, match="dtype"):
+        BlockMover({"l0": torch.zeros(NUM_BLOCKS, 2, dtype=torch.float64)}, NUM_BLOCKS)

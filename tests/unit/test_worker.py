@@ -1,0 +1,294 @@
+"""kvmux.worker.StoreWorker: saves through the writer thread, loads back, errors as misses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvmux import codec  # noqa: E402
+from kvmux.errors import StoreError  # noqa: E402
+from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
+from kvmux.metrics import TierStats  # noqa: E402
+from kvmux.plan import BlockTransfer, StepPlan  # noqa: E402
+from kvmux.stores import KVStore, MemoryStore  # noqa: E402
+from kvmux.worker import StoreWorker  # noqa: E402
+
+NUM_BLOCKS = 6
+NS = namespace_id({"m": "x"})
+LAYOUTS = {"blocks_first": ((NUM_BLOCKS, 2, 4, 8), 0), "blocks_second": ((2, NUM_BLOCKS, 4, 8), 1)}
+KEYS = block_keys(NS, b"", list(range(4 * 16)), 16)
+K1, K3, K_OTHER, K_UNKNOWN = KEYS
+
+MakeWorker = Callable[..., StoreWorker]
+
+
+def _caches(layout: str, random: bool) -> dict[str, torch.Tensor]:
+    shape, _ = LAYOUTS[layout]
+    generator = torch.Generator().manual_seed(1234)
+    if random:
+        return {f"layer.{i}": torch.randn(shape, generator=generator) for i in range(2)}
+    return {f"layer.{i}": torch.zeros(shape) for i in range(2)}
+
+
+def _block(tensor: torch.Tensor, layout: str, block_id: int) -> torch.Tensor:
+    return tensor.select(LAYOUTS[layout][1], block_id)
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_worker() -> Iterator[MakeWorker]:
+    workers: list[StoreWorker] = []
+
+    def make(
+        store: KVStore,
+        caches: dict[str, torch.Tensor] | None,
+        namespace: bytes = NS,
+        rank: int = 0,
+        stats: TierStats | None = None,
+    ) -> StoreWorker:
+        worker = StoreWorker(store, namespace, rank, stats if stats is not None else TierStats())
+        if caches is not None:
+            worker.register(caches, NUM_BLOCKS)
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.close()
+
+
+def _save(worker: StoreWorker, *transfers: tuple[BlockKey, int]) -> None:
+    worker.save(StepPlan(saves=[BlockTransfer(k, b) for k, b in transfers]))
+    worker.flush()
+
+
+def test_save_then_load_into_other_blocks(layout: str, make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    source = _caches(layout, random=True)
+    save_stats, load_stats = TierStats(), TierStats()
+    saver = make_worker(store, source, stats=save_stats)
+    _save(saver, (K1, 1), (K3, 3))
+    assert store.contains(store_key(K1, 0))
+    assert store.contains(store_key(K3, 0))
+    assert len(store) == 2
+    assert save_stats.saved_blocks == 2
+    assert save_stats.save_errors == 0
+    assert save_stats.bytes_saved == store.used_bytes()
+
+    target = _caches(layout, random=False)
+    loader = make_worker(store, target, stats=load_stats)
+    loader.load([BlockTransfer(K1, 4), BlockTransfer(K3, 5)])
+    assert loader.take_load_errors() == set()
+    assert loader.take_missing() == set()
+    for src, dst in zip(source.values(), target.values(), strict=True):
+        assert torch.equal(_block(dst, layout, 4), _block(src, layout, 1))
+        assert torch.equal(_block(dst, layout, 5), _block(src, layout, 3))
+        for untouched in range(4):
+            assert not _block(dst, layout, untouched).any()
+    assert load_stats.loaded_blocks == 2
+    assert load_stats.load_errors == 0
+    assert load_stats.bytes_loaded == store.used_bytes()
+
+
+def test_stored_entries_are_codec_entries_under_rank_store_keys(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    source = _caches("blocks_first", random=True)
+    worker = make_worker(store, source, rank=3)
+    _save(worker, (K1, 2))
+    assert not store.contains(store_key(K1, 0))
+    data = store.get(store_key(K1, 3))
+    assert data is not None
+    entry = codec.decode(data, NS, store_key(K1, 3))
+    layer0 = entry.payload[: entry.layers[0].nbytes]
+    assert bytes(layer0) == source["layer.0"][2].numpy().tobytes()
+
+
+def test_save_copies_out_before_returning(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    source = _caches("blocks_first", random=True)
+    expected = source["layer.0"][1].clone()
+    worker = make_worker(store, source)
+    worker.save(StepPlan(saves=[BlockTransfer(K1, 1)]))
+    for tensor in source.values():
+        tensor.zero_()  # the engine reuses the block right after the step
+    worker.flush()
+    target = _caches("blocks_first", random=False)
+    loader = make_worker(store, target)
+    loader.load([BlockTransfer(K1, 0)])
+    assert torch.equal(target["layer.0"][0], expected)
+
+
+def test_load_waits_for_a_pending_save_of_the_same_key(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    caches = _caches("blocks_first", random=True)
+    expected = caches["layer.1"][3].clone()
+    worker = make_worker(store, caches)
+    worker.save(StepPlan(saves=[BlockTransfer(K3, 3)]))  # no flush
+    worker.load([BlockTransfer(K3, 0)])
+    assert worker.take_load_errors() == set()
+    assert torch.equal(caches["layer.1"][0], expected)
+
+
+def test_corrupt_entry_is_a_load_error(layout: str, make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    source = _caches(layout, random=True)
+    stats = TierStats()
+    saver = make_worker(store, source)
+    _save(saver, (K1, 1), (K3, 3))
+    skey = store_key(K1, 0)
+    data = bytearray(store.get(skey) or b"")
+    data[len(data) // 2] ^= 0xFF
+    store.put(skey, bytes(data))
+
+    target = _caches(layout, random=False)
+    loader = make_worker(store, target, stats=stats)
+    loader.load([BlockTransfer(K1, 4), BlockTransfer(K3, 5)])
+    assert loader.take_load_errors() == {4}
+    assert loader.take_missing() == {K1}
+    assert loader.take_load_errors() == set()
+    assert loader.take_missing() == set()
+    for src, dst in zip(source.values(), target.values(), strict=True):
+        assert torch.equal(_block(dst, layout, 5), _block(src, layout, 3))
+        assert not _block(dst, layout, 4).any()
+    assert not store.contains(skey)  # the bad entry is dropped
+    assert store.contains(store_key(K3, 0))
+    assert (stats.loaded_blocks, stats.load_errors) == (1, 1)
+
+
+def test_missing_key_is_a_load_error(layout: str, make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    source = _caches(layout, random=True)
+    saver = make_worker(store, source)
+    _save(saver, (K1, 1))
+    stats = TierStats()
+    target = _caches(layout, random=False)
+    loader = make_worker(store, target, stats=stats)
+    loader.load([BlockTransfer(K1, 4), BlockTransfer(K_UNKNOWN, 2)])
+    assert loader.take_load_errors() == {2}
+    assert loader.take_missing() == {K_UNKNOWN}
+    for src, dst in zip(source.values(), target.values(), strict=True):
+        assert torch.equal(_block(dst, layout, 4), _block(src, layout, 1))
+    assert (stats.loaded_blocks, stats.load_errors) == (1, 1)
+
+
+def test_errors_accumulate_until_taken(make_worker: MakeWorker) -> None:
+    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=False))
+    worker.load([BlockTransfer(K1, 1)])
+    worker.load([BlockTransfer(K3, 2)])
+    assert worker.take_load_errors() == {1, 2}
+    assert worker.take_missing() == {K1, K3}
+
+
+def test_other_rank_does_not_see_the_shard(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    _save(make_worker(store, _caches("blocks_first", random=True), rank=0), (K1, 1))
+    loader = make_worker(store, _caches("blocks_first", random=False), rank=1)
+    loader.load([BlockTransfer(K1, 0)])
+    assert loader.take_load_errors() == {0}
+    assert loader.take_missing() == {K1}
+
+
+def test_entry_from_another_namespace_is_a_load_error(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
+    loader = make_worker(store, _caches("blocks_first", random=False), namespace_id({"m": "y"}))
+    loader.load([BlockTransfer(K1, 0)])
+    assert loader.take_load_errors() == {0}
+    assert not store.contains(store_key(K1, 0))
+
+
+def test_entry_of_another_cache_layout_is_a_load_error(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
+    narrow = {f"layer.{i}": torch.zeros(NUM_BLOCKS, 2, 4, 4) for i in range(2)}
+    loader = make_worker(store, narrow)
+    loader.load([BlockTransfer(K1, 0)])
+    assert loader.take_load_errors() == {0}
+    assert not narrow["layer.0"].any()
+
+
+def test_evictions_delete_entries(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    worker = make_worker(store, _caches("blocks_first", random=True))
+    _save(worker, (K1, 1), (K3, 3))
+    worker.save(StepPlan(saves=[BlockTransfer(K_OTHER, 0)], evictions=[K1]))
+    worker.flush()
+    assert not store.contains(store_key(K1, 0))
+    assert store.contains(store_key(K3, 0))
+    assert store.contains(store_key(K_OTHER, 0))
+    worker.save(StepPlan(evictions=[K3]))  # evictions alone
+    worker.flush()
+    assert not store.contains(store_key(K3, 0))
+
+
+def test_entry_too_large_for_the_store_is_a_save_error(make_worker: MakeWorker) -> None:
+    stats = TierStats()
+    store = MemoryStore(100)
+    worker = make_worker(store, _caches("blocks_first", random=True), stats=stats)
+    _save(worker, (K1, 1))
+    assert (stats.saved_blocks, stats.save_errors, stats.bytes_saved) == (0, 1, 0)
+    assert len(store) == 0
+
+
+class _BrokenStore(MemoryStore):
+    def put(self, key: bytes, value: bytes) -> bool:
+        raise StoreError("write refused")
+
+    def get(self, key: bytes) -> bytes | None:
+        raise StoreError("read refused")
+
+    def delete(self, key: bytes) -> None:
+        raise StoreError("delete refused")
+
+
+def test_store_errors_are_misses_not_crashes(make_worker: MakeWorker) -> None:
+    stats = TierStats()
+    worker = make_worker(
+        _BrokenStore(1 << 20, name="broken"), _caches("blocks_first", True), stats=stats
+    )
+    worker.save(StepPlan(saves=[BlockTransfer(K1, 1)], evictions=[K3]))
+    worker.flush()
+    assert stats.save_errors == 1
+    assert stats.saved_blocks == 0
+    worker.load([BlockTransfer(K1, 0)])
+    assert worker.take_load_errors() == {0}
+    assert worker.take_missing() == {K1}
+    assert stats.load_errors == 1
+    assert stats.store_errors == 2  # the failed eviction and the failed read
+
+
+def test_unregistered_worker_does_nothing(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    worker = make_worker(store, None)
+    worker.save(StepPlan(saves=[BlockTransfer(K1, 1)]))
+    worker.load([BlockTransfer(K1, 1)])
+    worker.flush()
+    assert len(store) == 0
+    assert worker.take_load_errors() == set()
+    assert worker.store is store
+
+
+def test_empty_plans_do_nothing(make_worker: MakeWorker) -> None:
+    stats = TierStats()
+    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", True), stats=stats)
+    worker.save(StepPlan())
+    worker.load([])
+    worker.flush()
+    assert stats.snapshot() == TierStats().snapshot()
+
+
+def test_load_stats_count_only_this_calls_failures(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
+    stats = TierStats()
+    loader = make_worker(store, _caches("blocks_first", random=False), stats=stats)
+    loader.load([BlockTransfer(K_UNKNOWN, 4)])  # fails; errors not taken yet
+    loader.load([BlockTransfer(K1, 4)])  # succeeds into the same block
+    assert (stats.loaded_blocks, stats.load_errors) == (1, 1)
