@@ -211,7 +211,8 @@ def test_crafted_header_with_valid_checksum_decodes() -> None:
     ids=["payload_len", "shape"],
 )
 def test_infinite_numbers_in_header_are_corrupt_entries(header: object) -> None:
-    decode(_craft(header, b""), NS, KEY)
+    with pytest.raises(CorruptEntry):
+        decode(_craft(header, b""), NS, KEY)
 
 
 def test_encode_rejects_mismatched_payload_length() -> None:
@@ -231,4 +232,5 @@ def test_encode_rejects_unsupported_dtype() -> None:
 def test_deeply_nested_header_is_a_corrupt_entry() -> None:
     depth = 100_000
     header = b'{"ns":' + b"[" * depth + b"]" * depth + b"}"
-    decode(_craft(header), NS, KEY)
+    with pytest.raises(CorruptEntry):
+        decode(_craft(header), NS, KEY)
