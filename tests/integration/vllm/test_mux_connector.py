@@ -87,7 +87,7 @@ def test_longest_picks_the_child_with_most_tokens(policy_runs, baseline) -> None
 
 
 def test_promotion_from_disk_to_memory(policy_runs) -> None:
-    head, longer, again = results(policy_runs["compose"])
+    _, longer, again = results(policy_runs["compose"])
     # LONGER's tail came from disk in the second request; memory saved it, so the third
     # request is served from memory alone
     assert hits(again, longer["stats"]) == {"memory": 10 * BLOCK, "disk": 0}
