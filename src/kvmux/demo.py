@@ -29,21 +29,13 @@ class DemoRow:
 
 
 def _kv_config(disk_path: Path) -> dict[str, Any]:
-    def child(store: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "kv_connector": "StoreConnector",
-            "kv_connector_module_path": "kvmux.vllm",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {"store": store},
-        }
-
     memory = {"type": "memory", "capacity": "1GiB", "name": "memory"}
     disk = {"type": "disk", "path": str(disk_path), "capacity": "4GiB", "name": "disk"}
     return {
-        "kv_connector": "MultiConnector",
+        "kv_connector": "MuxConnector",
+        "kv_connector_module_path": "kvmux.vllm",
         "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"connectors": [child(memory), child(disk)]},
+        "kv_connector_extra_config": {"policy": "compose", "tiers": [memory, disk]},
     }
 
 

@@ -1,0 +1,258 @@
+"""A scripted vLLM KV connector for MuxConnector's unit tests.
+
+``ScriptedConnector`` is a real ``KVConnectorBase_V1`` subclass that vLLM's factory loads
+through ``kv_connector_module_path="tests.unit.vllm.scripted"``. Its behaviour comes from
+its ``kv_connector_extra_config`` (copied once per ``name`` into ``SCRIPTS``, which the tests
+may change while running), and it records every call in ``CALLS[name]``.
+
+Script keys (all optional):
+
+    name              key of SCRIPTS and CALLS (default "scripted")
+    offer             tokens offered by get_num_new_matched_tokens: an int, None ("still
+                      looking") or a mapping {start: int | None}; default 0
+    async             is_async of the lookup (only when the offer is > 0)
+    raise_in          hook names that raise ScriptedError
+    async_save        request_finished returns True
+    params            kv_transfer_params returned by request_finished
+    layout            get_required_kvcache_layout's answer
+    offset_capable    the kvmux_offset_loads attribute MuxConnector reads
+    finished_sending  request ids get_transfer_results reports (one shot, then cleared)
+    finished_recving  ditto
+    failed_recving    ditto
+    load_errors       block ids get_block_ids_with_load_errors reports (one shot)
+    events            what take_events returns (one shot)
+    finished_count    get_finished_count's answer
+    reset             reset_cache's answer
+    stats             data of the ScriptedStats get_kv_connector_stats returns
+    worker_meta       a set of tags: build_connector_worker_meta returns ScriptedWorkerMeta
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+MODULE = __name__  # the kv_connector_module_path of the scripted children
+
+SCRIPTS: dict[str, dict[str, Any]] = {}
+CALLS: dict[str, list[Call]] = defaultdict(list)
+
+
+class ScriptedError(RuntimeError):
+    """What a scripted child raises in the hooks named by raise_in."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One recorded hook call."""
+
+    role: str  # "SCHEDULER" or "WORKER"
+    hook: str
+    args: tuple[Any, ...]
+
+
+@dataclass
+class ScriptedMetadata(KVConnectorMetadata):
+    """What the scheduler-side child hands its worker-side twin each step."""
+
+    name: str
+    step: int
+    loads: list[tuple[str, int]] = field(default_factory=list)  # (req_id, tokens)
+
+
+@dataclass
+class ScriptedWorkerMeta(KVConnectorWorkerMetadata):
+    """Tags sent from a worker-side child back to its scheduler-side twin."""
+
+    tags: frozenset[str]
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, ScriptedWorkerMeta)
+        return ScriptedWorkerMeta(self.tags | other.tags)
+
+
+@dataclass
+class ScriptedStats(KVConnectorStats):
+    """Flat numeric counters."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key, value in other.data.items():
+            self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+def reset() -> None:
+    """Forget every script and recorded call."""
+    SCRIPTS.clear()
+    CALLS.clear()
+
+
+def calls(name: str, hook: str | None = None, role: str | None = None) -> list[Call]:
+    """The recorded calls of child ``name``, optionally of one hook and role."""
+    return [
+        c
+        for c in CALLS.get(name, [])
+        if (hook is None or c.hook == hook) and (role is None or c.role == role)
+    ]
+
+
+def args_of(name: str, hook: str, role: str | None = None) -> list[tuple[Any, ...]]:
+    """The arguments of every call of ``hook`` on child ``name``."""
+    return [c.args for c in calls(name, hook, role)]
+
+
+def _extra(vllm_config: Any) -> dict[str, Any]:
+    return dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+
+
+class ScriptedConnector(KVConnectorBase_V1):
+    """Does what its script says and records everything."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = _extra(vllm_config)
+        self.name = str(extra.get("name", "scripted"))
+        self.script = SCRIPTS.setdefault(self.name, copy.deepcopy(extra))
+        self.kvmux_offset_loads = bool(self.script.get("offset_capable", False))
+        self.kv_transfer_config = vllm_config.kv_transfer_config
+        self._loads: list[tuple[str, int]] = []
+        self._step = 0
+        self._record("__init__", self.kv_transfer_config)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _record(self, hook: str, *args: Any) -> None:
+        CALLS[self.name].append(Call(self._role.name, hook, args))
+        if hook in self.script.get("raise_in", ()):
+            raise ScriptedError(f"{self.name} scripted failure in {hook}")
+
+    def _take(self, key: str) -> set[Any]:
+        values = set(self.script.get(key) or ())
+        self.script[key] = []
+        return values
+
+    # -- class-level ---------------------------------------------------------------
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        return _extra(vllm_config).get("layout")
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ScriptedStats:
+        return ScriptedStats(data=dict(data or {}))
+
+    # -- scheduler side ---------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        self._record("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
+        offer = self.script.get("offer", 0)
+        if isinstance(offer, dict):
+            offer = offer.get(num_computed_tokens, 0)
+        if offer is None:
+            return None, False
+        return int(offer), bool(offer) and bool(self.script.get("async", False))
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        block_ids = list(blocks.get_block_ids()[0])
+        self._record("update_state_after_alloc", request.request_id, block_ids, num_external_tokens)
+        if num_external_tokens:
+            self._loads.append((request.request_id, num_external_tokens))
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        self._record("build_connector_meta", scheduler_output)
+        self._step += 1
+        meta = ScriptedMetadata(self.name, self._step, self._loads)
+        self._loads = []
+        return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._record(
+            "update_connector_output", connector_output, connector_output.kv_connector_worker_meta
+        )
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        self._record("request_finished", request.request_id, list(block_ids))
+        params = self.script.get("params")
+        return bool(self.script.get("async_save", False)), copy.deepcopy(params)
+
+    def take_events(self) -> list[Any]:
+        self._record("take_events")
+        return list(self._take("events"))
+
+    def reset_cache(self) -> bool | None:
+        self._record("reset_cache")
+        return self.script.get("reset", True)
+
+    # -- worker side ------------------------------------------------------------------
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        self._record("bind_connector_metadata", connector_metadata)
+        super().bind_connector_metadata(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        self._record("clear_connector_metadata")
+        super().clear_connector_metadata()
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._record("start_load_kv", forward_context)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._record("wait_for_layer_load", layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any):
+        self._record("save_kv_layer", layer_name)
+
+    def wait_for_save(self) -> None:
+        self._record("wait_for_save")
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        self._record("get_transfer_results", set(finished_req_ids))
+        failed = self._take("failed_recving")
+        return KVConnectorTransferResults(
+            finished_sending=self._take("finished_sending"),
+            finished_recving=self._take("finished_recving") | failed,
+            failed_recving=failed,
+        )
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        self._record("get_block_ids_with_load_errors")
+        return self._take("load_errors")
+
+    def get_finished_count(self) -> int | None:
+        self._record("get_finished_count")
+        return self.script.get("finished_count")
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        self._record("build_connector_worker_meta")
+        tags = self.script.get("worker_meta")
+        return None if tags is None else ScriptedWorkerMeta(frozenset(tags))
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        self._record("get_kv_connector_stats")
+        data = self.script.get("stats")
+        return None if data is None else ScriptedStats(data=dict(data))
+
+    def shutdown(self) -> None:
+        self._record("shutdown")
