@@ -49,6 +49,28 @@ def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _abort_midway(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
+    """Start every prompt, abort the first after a few engine steps, finish the rest."""
+    from vllm import SamplingParams, TokensPrompt
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=step.get("max_tokens", 8), detokenize=False)
+    names = [f"abort-{i}" for i in range(len(step["prompts"]))]
+    ids = [
+        engine.add_request(name, TokensPrompt(prompt_token_ids=p), params)
+        for name, p in zip(names, step["prompts"], strict=True)
+    ]
+    for _ in range(step.get("steps_before_abort", 2)):
+        engine.step()
+    engine.abort_request([names[0]])
+    finished: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = list(out.outputs[0].token_ids)
+    return {"tokens": [finished.get(i, finished.get(n)) for i, n in zip(ids, names, strict=True)]}
+
+
 def _corrupt(step: dict[str, Any]) -> dict[str, Any]:
     files = sorted(Path(step["path"]).glob("??/*.kvx"), key=lambda p: p.stat().st_mtime)
     touched = []
@@ -73,6 +95,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = _generate(llm, step)
         elif op == "reset_prefix_cache":
             result = {"ok": bool(llm.reset_prefix_cache())}
+        elif op == "abort_midway":
+            result = _abort_midway(llm, step)
         elif op == "corrupt":
             result = _corrupt(step)
         elif op == "stats":

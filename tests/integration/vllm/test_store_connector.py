@@ -110,6 +110,21 @@ def test_preemption_keeps_outputs_exact(run_job, baseline) -> None:
     assert sum(warm["num_cached_tokens"]) > 0
 
 
+def test_request_aborted_midway(run_job, baseline) -> None:
+    store = {"type": "memory", "capacity": "64MiB"}
+    abort = {"op": "abort_midway", "prompts": [LONG, OTHER], "steps_before_abort": 3}
+    run = run_job(
+        [abort, generate(LONG), generate(LONG)], kv=store_kv(store), enable_prefix_caching=False
+    )
+    aborted = results(run, "abort_midway")[0]
+    assert aborted["tokens"][0] is None  # aborted during its chunked prefill
+    assert aborted["tokens"][1] == expect(baseline, OTHER)
+    partial, full = results(run)
+    assert 0 < partial["num_cached_tokens"][0] < full_blocks_below_last(LONG)  # saved before abort
+    assert full["num_cached_tokens"] == [full_blocks_below_last(LONG)]
+    assert partial["tokens"] == full["tokens"] == [expect(baseline, LONG)]
+
+
 @pytest.fixture(scope="module")
 def disk_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("disk-tier") / "kvmux"
