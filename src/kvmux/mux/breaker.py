@@ -53,7 +53,7 @@ class CircuitBreaker:
 
     def force_open(self, seconds: float | None = None) -> None:
         """Open because the other side of the connector saw the child fail."""
-        if self.state == "closed":
-            self._failures = 1
+        if self.state != "open":
+            self._failures = max(self._failures, 1)
             self.trips += 1
         self._open_until = max(self._open_until, self._clock() + (seconds or self._base))

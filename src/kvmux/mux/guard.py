@@ -45,6 +45,7 @@ class ChildGuard:
         self.breaker = breaker
         self.counters: dict[str, float] = defaultdict(float)
         self._logged_hooks: set[str] = set()
+        self._reported_trips = 0  # breaker trips already counted in an earlier interval
 
     def call(self, hook: str, fn: Callable[[], T], default: T, timer: str | None = None) -> T:
         """Run ``fn``; on an exception or an open breaker return ``default``."""
@@ -84,10 +85,11 @@ class ChildGuard:
     def snapshot(self) -> dict[str, float | str]:
         """Counters plus the breaker's state."""
         data: dict[str, float | str] = {name: self.counters.get(name, 0.0) for name in _COUNTERS}
-        data["breaker_trips"] = float(self.breaker.trips)
+        data["breaker_trips"] = float(self.breaker.trips - self._reported_trips)
         data["breaker_open"] = 0.0 if self.breaker.state == "closed" else 1.0
         return data
 
     def reset_counters(self) -> None:
         """Start a new stats interval."""
         self.counters.clear()
+        self._reported_trips = self.breaker.trips

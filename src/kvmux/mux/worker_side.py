@@ -26,6 +26,7 @@ class MuxWorker:
         self._step = MuxStepPlan()
         self._loading = [False] * len(children)  # child takes part in this step's loads
         self._saving = [False] * len(children)  # child takes part in this step's saves
+        self._bound = [False] * len(children)  # child holds this step's metadata
         self._load_errors: set[int] = set()
         self._done_recving: set[str] = set()
 
@@ -46,14 +47,16 @@ class MuxWorker:
                 succeeded(child.bind_connector_metadata, meta),
                 False,
             )
-            self._loading[i] = self._saving[i] = bool(bound)
+            self._loading[i] = self._saving[i] = self._bound[i] = bool(bound)
             if not bound:
                 self._lose_loads(i)
 
     def _lose_loads(self, i: int) -> None:
         """Child ``i`` will not load this step: its blocks are errors, its async loads fail."""
         self._loading[i] = False
-        self._load_errors.update(self._step.load_blocks.pop(i, []))
+        lost = self._step.load_blocks.pop(i, [])
+        self.guards[i].counters["load_errors"] += len(lost)
+        self._load_errors.update(lost)
         owed = [r for r, children in self._step.async_loaders.items() if i in children]
         self._done_recving |= self.recving.report(i, owed, failed=True)
 
@@ -78,12 +81,14 @@ class MuxWorker:
     def end_step(self) -> None:
         """Unbind every child that was bound."""
         for i, child in enumerate(self.children):
-            if self._loading[i] or self._saving[i]:
-                self.guards[i].call(
-                    "clear_connector_metadata", child.clear_connector_metadata, None
-                )
+            if self._bound[i]:  # even past an open breaker: the child must not keep stale metadata
+                try:
+                    child.clear_connector_metadata()
+                except Exception as exc:
+                    self.guards[i].fail("clear_connector_metadata", exc)
         self._loading = [False] * len(self.children)
         self._saving = [False] * len(self.children)
+        self._bound = [False] * len(self.children)
 
     def transfer_results(self, finished_req_ids: set[str]) -> TransferResult:
         """Each request finished once, after every child that owes it reported."""

@@ -162,7 +162,7 @@ class MuxConnector(KVConnectorBase_V1):
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """True if any child needs piecewise CUDA graphs."""
-        for child in parse_mux_config(extra_config, {}).children:
+        for child in parse_mux_config(extra_config, {"kv_role": "kv_both"}).children:
             child_cls = KVConnectorFactory.get_connector_class(KVTransferConfig(**child.fields))
             if child_cls.requires_piecewise_for_cudagraph(
                 child.fields.get("kv_connector_extra_config", {})
@@ -449,8 +449,8 @@ class MuxConnector(KVConnectorBase_V1):
         """Per-child counters of this interval, keyed by position and name."""
         data: dict[str, Any] = {}
         for child, guard in zip(self._children, self._guards, strict=True):
-            entry: dict[str, Any] = dict(guard.snapshot())
             child_stats = guard.call("get_kv_connector_stats", child.get_kv_connector_stats, None)
+            entry: dict[str, Any] = dict(guard.snapshot())
             if child_stats is not None and not child_stats.is_empty():
                 entry["child"] = {
                     k: v for k, v in child_stats.reduce().items() if isinstance(v, int | float)

@@ -15,6 +15,7 @@ Script keys (all optional):
     async_save        request_finished returns True
     params            kv_transfer_params returned by request_finished
     layout            get_required_kvcache_layout's answer
+    piecewise         requires_piecewise_for_cudagraph's answer
     offset_capable    the kvmux_offset_loads attribute MuxConnector reads
     finished_sending  request ids get_transfer_results reports (one shot, then cleared)
     finished_recving  ditto
@@ -47,6 +48,7 @@ MODULE = __name__  # the kv_connector_module_path of the scripted children
 
 SCRIPTS: dict[str, dict[str, Any]] = {}
 CALLS: dict[str, list[Call]] = defaultdict(list)
+ORDER: list[tuple[str, str]] = []  # (name, hook) of every call of every child, in order
 
 
 class ScriptedError(RuntimeError):
@@ -105,6 +107,7 @@ def reset() -> None:
     """Forget every script and recorded call."""
     SCRIPTS.clear()
     CALLS.clear()
+    ORDER.clear()
 
 
 def calls(name: str, hook: str | None = None, role: str | None = None) -> list[Call]:
@@ -143,11 +146,12 @@ class ScriptedConnector(KVConnectorBase_V1):
 
     def _record(self, hook: str, *args: Any) -> None:
         CALLS[self.name].append(Call(self._role.name, hook, args))
+        ORDER.append((self.name, hook))
         if hook in self.script.get("raise_in", ()):
             raise ScriptedError(f"{self.name} scripted failure in {hook}")
 
-    def _take(self, key: str) -> set[Any]:
-        values = set(self.script.get(key) or ())
+    def _take(self, key: str) -> list[Any]:
+        values = list(self.script.get(key) or ())
         self.script[key] = []
         return values
 
@@ -156,6 +160,10 @@ class ScriptedConnector(KVConnectorBase_V1):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         return _extra(vllm_config).get("layout")
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        return bool(extra_config.get("piecewise", False))
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ScriptedStats:
@@ -199,7 +207,7 @@ class ScriptedConnector(KVConnectorBase_V1):
 
     def take_events(self) -> list[Any]:
         self._record("take_events")
-        return list(self._take("events"))
+        return self._take("events")
 
     def reset_cache(self) -> bool | None:
         self._record("reset_cache")
@@ -229,16 +237,16 @@ class ScriptedConnector(KVConnectorBase_V1):
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         self._record("get_transfer_results", set(finished_req_ids))
-        failed = self._take("failed_recving")
+        failed = set(self._take("failed_recving"))
         return KVConnectorTransferResults(
-            finished_sending=self._take("finished_sending"),
-            finished_recving=self._take("finished_recving") | failed,
+            finished_sending=set(self._take("finished_sending")),
+            finished_recving=set(self._take("finished_recving")) | failed,
             failed_recving=failed,
         )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._record("get_block_ids_with_load_errors")
-        return self._take("load_errors")
+        return set(self._take("load_errors"))
 
     def get_finished_count(self) -> int | None:
         self._record("get_finished_count")
