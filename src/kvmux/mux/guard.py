@@ -17,7 +17,6 @@ T = TypeVar("T")
 _COUNTERS = (
     "lookups",
     "hit_tokens",
-    "loaded_tokens",
     "load_errors",
     "save_errors",
     "errors",
