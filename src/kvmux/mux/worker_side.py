@@ -108,6 +108,7 @@ class MuxWorker:
             recving |= self.recving.report(i, failed, failed=True)
             recving |= self.recving.report(i, set(result.finished_recving) - failed)
             sending |= self.sending.report(i, result.finished_sending)
+        self.sending.take_failed(sending)  # a failed save is only a future miss
         return sending, recving, self.recving.take_failed(recving)
 
     def load_errors(self) -> set[int]:

@@ -57,7 +57,8 @@ class StoreConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         """True when nothing moved."""
-        return not any(v for k, v in _flatten(self.data).items() if k not in GAUGES)
+        flat = _flatten(self.data).items()
+        return not any(v for k, v in flat if k.rsplit(".", 1)[-1] not in GAUGES)
 
 
 @dataclass

@@ -1093,7 +1093,7 @@ def test_two_workers_of_two_same_class_children_stay_apart() -> None:
     assert total[f"{A}.breaker_open"] == 1.0
 
 
-# -- src bugs -------------------------------------------------------------------------------
+# -- regressions: src bugs this suite found (fixed in src while it was written) ------------
 
 
 def test_clear_connector_metadata_unbinds_a_child_that_failed_to_load() -> None:
