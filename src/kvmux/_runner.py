@@ -105,7 +105,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unknown step op {op!r}")
         result["op"] = op
         results.append(result)
-    return {"steps": results, "stats": stats_snapshot()}
+    from kvmux.mux.guard import guards_snapshot
+
+    return {"steps": results, "stats": stats_snapshot(), "mux": guards_snapshot()}
 
 
 def main() -> None:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
 from kvmux.mux.breaker import CircuitBreaker
 
-__all__ = ["ChildGuard", "succeeded"]
+__all__ = ["ChildGuard", "guards_snapshot", "succeeded"]
 
 log = logging.getLogger("kvmux.mux")
+_live_guards: weakref.WeakSet[ChildGuard] = weakref.WeakSet()
 T = TypeVar("T")
 _COUNTERS = (
     "lookups",
@@ -39,8 +41,11 @@ def succeeded(fn: Callable[..., object], *args: object) -> Callable[[], bool]:
 class ChildGuard:
     """Breaker, counters and once-per-burst logging of one child."""
 
-    def __init__(self, label: str, breaker: CircuitBreaker):
+    def __init__(self, label: str, breaker: CircuitBreaker, side: str = ""):
         self.label = label
+        self.side = side  # "SCHEDULER" or "WORKER", for the process-wide snapshot
+        self.lifetime: dict[str, float] = defaultdict(float)
+        _live_guards.add(self)
         self.breaker = breaker
         self.counters: dict[str, float] = defaultdict(float)
         self._logged_hooks: set[str] = set()
@@ -90,5 +95,20 @@ class ChildGuard:
 
     def reset_counters(self) -> None:
         """Start a new stats interval."""
+        for name, value in self.counters.items():
+            self.lifetime[name] += value
         self.counters.clear()
         self._reported_trips = self.breaker.trips
+
+
+def guards_snapshot() -> dict[str, dict[str, float]]:
+    """Lifetime counters of every child guard in this process, by side and label."""
+    snapshot: dict[str, dict[str, float]] = {}
+    for guard in list(_live_guards):
+        totals = dict(guard.lifetime)
+        for name, value in guard.counters.items():
+            totals[name] = totals.get(name, 0.0) + value
+        totals["breaker_trips"] = float(guard.breaker.trips)
+        totals["breaker_open"] = 0.0 if guard.breaker.state == "closed" else 1.0
+        snapshot[f"{guard.side}/{guard.label}"] = totals
+    return snapshot

@@ -107,7 +107,7 @@ class MuxConnector(KVConnectorBase_V1):
         for label, cls, temp in _child_classes(vllm_config):
             self._children.append(cls(temp, role, kv_cache_config))
             breaker = CircuitBreaker(self.config.breaker_seconds, self.config.breaker_max_seconds)
-            self._guards.append(ChildGuard(label, breaker))
+            self._guards.append(ChildGuard(label, breaker, role.name))
         offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
         block_size = int(vllm_config.cache_config.block_size)
         self._scheduler = MuxScheduler(

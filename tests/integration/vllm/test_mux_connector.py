@@ -78,6 +78,9 @@ def test_compose_supplies_more_than_first(policy_runs, baseline) -> None:
     assert first["num_cached_tokens"] == [5 * BLOCK]  # memory answers first with HEAD only
     assert compose["num_cached_tokens"] == [10 * BLOCK]
     assert first["tokens"] == compose["tokens"] == [baseline["longer"]]
+    print(
+        "cached tokens, first vs compose:", first["num_cached_tokens"], compose["num_cached_tokens"]
+    )
 
 
 def test_longest_picks_the_child_with_most_tokens(policy_runs, baseline) -> None:
@@ -155,3 +158,8 @@ def test_failing_child_never_takes_the_engine_down(run_job, tmp_path: Path, base
     ]
     assert "failed in start_load_kv" in run["log"] or "failed in wait_for_save" in run["log"]
     assert run["stats"]["healthy"]["loaded_blocks"] > 0
+    failing_worker = run["mux"]["WORKER/1:FailingWorkerConnector"]
+    assert failing_worker["errors"] >= 1
+    assert failing_worker["breaker_trips"] >= 1
+    assert run["mux"]["WORKER/0:healthy"].get("errors", 0) == 0
+    print("failing-child run:", [o["num_cached_tokens"] for o in outs], run["mux"])
