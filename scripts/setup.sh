@@ -30,10 +30,12 @@ if [ ! -f "$stamp" ]; then
   fi
   touch "$stamp"
 fi
-"${PIP[@]}" -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+"${PIP[@]}" -e ".[dev,redis]" 2>&1 | grep -v "^WARNING: Location" || true
 
-if [ "${KVMUX_WITH_REDIS:-0}" = 1 ] && ! command -v redis-server >/dev/null 2>&1; then
-  echo "kvmux setup: installing redis-server from Debian"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+if [ "${KVMUX_WITH_REDIS:-0}" = 1 ] && ! { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1; then
+  echo "kvmux setup: installing redis-server and redis-tools from Debian"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 echo "kvmux setup: ready (.venv)"

@@ -2,7 +2,7 @@
 # Install everything the suite needs, then lint, type-check and run every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+KVMUX_WITH_REDIS=1 bash scripts/setup.sh
 .venv/bin/ruff check src tests
 .venv/bin/ruff format --check src tests
 .venv/bin/mypy

@@ -14,6 +14,7 @@ from kvmux.errors import ConfigError
 __all__ = [
     "DiskSpec",
     "MemorySpec",
+    "RedisSpec",
     "StoreConnectorConfig",
     "StoreSpec",
     "parse_capacity",
@@ -74,11 +75,52 @@ class DiskSpec:
     name: str = "disk"  # label used in logs and stats
 
 
-StoreSpec = MemorySpec | DiskSpec
+@dataclass(frozen=True)
+class RedisSpec:
+    """A Redis or Valkey deployment (standalone or cluster) shared by many engines."""
+
+    url: str  # redis://, rediss:// (TLS) or unix:// URL; user and password may be in it
+    name: str = "redis"  # label used in logs and stats
+    cluster: bool = False  # Redis Cluster: slot routing, MOVED/ASK handled by the client
+    key_prefix: str = "kvmux:"  # every key starts with this
+    ttl_seconds: int | None = None  # expire entries after this long (None: never)
+    socket_timeout: float = 0.5  # seconds a socket read/write may take
+    connect_timeout: float = 0.5  # seconds to connect
+    max_value_size: int = 64 * 2**20  # larger entries are split into parts
+    username: str | None = None  # ACL user (overrides the URL's)
+    password_env: str | None = None  # name of an environment variable holding the password
+    ca_cert: str | None = None  # TLS: CA bundle path
+    cert: str | None = None  # TLS: client certificate path
+    key: str | None = None  # TLS: client key path
+    lookup_wait: float = 0.005  # seconds the scheduler waits for a lookup before asking again
+    breaker_seconds: float = 1.0  # first back-off after the server failed
+
+
+StoreSpec = MemorySpec | DiskSpec | RedisSpec
 
 _STORE_KEYS: dict[str, frozenset[str]] = {
     "memory": frozenset({"type", "capacity", "name"}),
     "disk": frozenset({"type", "path", "capacity", "name"}),
+    "redis": frozenset(
+        {
+            "type",
+            "url",
+            "name",
+            "cluster",
+            "key_prefix",
+            "ttl_seconds",
+            "socket_timeout",
+            "connect_timeout",
+            "max_value_size",
+            "username",
+            "password_env",
+            "ca_cert",
+            "cert",
+            "key",
+            "lookup_wait",
+            "breaker_seconds",
+        }
+    ),
 }
 
 
@@ -114,6 +156,8 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
     if not isinstance(kind, str) or kind not in _STORE_KEYS:
         raise ConfigError(f"{where}.type", f"unknown store type {kind!r}", _STORE_KEYS)
     _check_keys(spec, _STORE_KEYS[kind], where)
+    if kind == "redis":
+        return _parse_redis(spec, where)
     capacity = parse_capacity(_required(spec, "capacity", where), f"{where}.capacity")
     if kind == "memory":
         return MemorySpec(capacity=capacity, name=_name(spec, "memory", where))
@@ -122,6 +166,55 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         raise ConfigError(f"{where}.path", f"expected a directory path, got {path!r}")
     return DiskSpec(
         path=Path(path).expanduser(), capacity=capacity, name=_name(spec, "disk", where)
+    )
+
+
+def _number(spec: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{where}.{key}", f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _optional_str(spec: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = spec.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{where}.{key}", f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
+    url = _required(spec, "url", where)
+    schemes = ("redis://", "rediss://", "unix://")
+    if not isinstance(url, str) or not url.startswith(schemes):
+        raise ConfigError(f"{where}.url", f"bad URL {url!r}", schemes)
+    cluster = spec.get("cluster", False)
+    if not isinstance(cluster, bool):
+        raise ConfigError(f"{where}.cluster", f"expected a boolean, got {cluster!r}", "true, false")
+    prefix = spec.get("key_prefix", "kvmux:")
+    if not isinstance(prefix, str) or any(c in prefix for c in "{}"):
+        raise ConfigError(f"{where}.key_prefix", f"bad prefix {prefix!r}", "a string without { }")
+    ttl = spec.get("ttl_seconds")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0):
+        raise ConfigError(f"{where}.ttl_seconds", f"expected a positive integer, got {ttl!r}")
+    return RedisSpec(
+        url=url,
+        name=_name(spec, "redis", where),
+        cluster=cluster,
+        key_prefix=prefix,
+        ttl_seconds=ttl,
+        socket_timeout=_number(spec, "socket_timeout", 0.5, where),
+        connect_timeout=_number(spec, "connect_timeout", 0.5, where),
+        max_value_size=parse_capacity(
+            spec.get("max_value_size", "64MiB"), f"{where}.max_value_size"
+        ),
+        username=_optional_str(spec, "username", where),
+        password_env=_optional_str(spec, "password_env", where),
+        ca_cert=_optional_str(spec, "ca_cert", where),
+        cert=_optional_str(spec, "cert", where),
+        key=_optional_str(spec, "key", where),
+        lookup_wait=_number(spec, "lookup_wait", 0.005, where),
+        breaker_seconds=_number(spec, "breaker_seconds", 1.0, where),
     )
 
 

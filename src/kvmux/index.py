@@ -6,19 +6,22 @@ import logging
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
 
-__all__ = ["MirrorIndex", "SharedStoreView", "TierView"]
+__all__ = ["MirrorIndex", "RemoteStoreView", "SharedStoreView", "TierView"]
 
 log = logging.getLogger(__name__)
 
 
 class TierView(ABC):
     """What the scheduler may ask about a tier."""
+
+    cheap_contains = True  # False: the planner skips per-block checks; the worker dedups
 
     @abstractmethod
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:
@@ -27,6 +30,14 @@ class TierView(ABC):
     @abstractmethod
     def contains(self, key: BlockKey) -> bool:
         """Whether the tier holds ``key``."""
+
+    def count_prefix_nowait(self, keys: Sequence[BlockKey]) -> int | None:
+        """``count_prefix``, or None if the answer is not ready yet (ask again later)."""
+        return self.count_prefix(keys)
+
+    def close(self) -> None:
+        """Release threads or connections."""
+        return None
 
     def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
         """Note keys about to be saved; returns keys the worker must evict first."""
@@ -62,6 +73,49 @@ class SharedStoreView(TierView):
     def contains(self, key: BlockKey) -> bool:
         """Ask the store; a failing store holds nothing."""
         return self.count_prefix([key]) == 1
+
+
+class RemoteStoreView(SharedStoreView):
+    """A networked store: lookups run on a thread so a slow server never stalls the scheduler.
+
+    A lookup waits at most ``wait_seconds``; if the answer has not landed, the connector
+    tells vLLM to ask again at its next step, when the landed answer is used.
+    """
+
+    cheap_contains = False
+    _MAX_IN_FLIGHT = 4096
+
+    def __init__(self, store: KVStore, stats: TierStats, wait_seconds: float):
+        super().__init__(store, stats)
+        self._wait = wait_seconds
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix=f"kvmux-{store.name}-lookup")
+        self._in_flight: dict[tuple[bytes, int], Future[int]] = {}
+
+    def count_prefix_nowait(self, keys: Sequence[BlockKey]) -> int | None:
+        """Start or collect a batched lookup; None while it is in flight."""
+        if not keys:
+            return 0
+        token = (keys[0], len(keys))
+        future = self._in_flight.get(token)
+        if future is None:
+            if len(self._in_flight) >= self._MAX_IN_FLIGHT:
+                self._in_flight.pop(next(iter(self._in_flight)))
+            future = self._pool.submit(self.count_prefix, list(keys))
+            self._in_flight[token] = future
+        if not future.done():
+            wait([future], timeout=self._wait)
+        if not future.done():
+            return None
+        del self._in_flight[token]
+        return future.result()
+
+    def contains(self, key: BlockKey) -> bool:
+        """Not asked per block: the worker skips entries the server already holds."""
+        return False
+
+    def close(self) -> None:
+        """Stop the lookup threads."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class MirrorIndex(TierView):

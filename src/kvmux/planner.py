@@ -53,12 +53,16 @@ class StorePlanner:
             self._requests[req_id] = state
         return state
 
-    def lookup(self, req_id: str, prompt: Sequence[int], salt: bytes, num_computed: int) -> int:
-        """Tokens the tier holds past ``num_computed`` (block-aligned), for a new request."""
+    def lookup(
+        self, req_id: str, prompt: Sequence[int], salt: bytes, num_computed: int
+    ) -> int | None:
+        """Tokens the tier holds past ``num_computed`` (block-aligned); None: ask again."""
         state = self._state(req_id, prompt, salt)
         start = num_computed // self._block_size
         candidates = state.keys[start : state.max_hit_blocks]
-        hits = self._view.count_prefix(candidates) if candidates else 0
+        hits = self._view.count_prefix_nowait(candidates) if candidates else 0
+        if hits is None:
+            return None
         state.lookup = (num_computed, hits)
         return hits * self._block_size
 
@@ -101,7 +105,7 @@ class StorePlanner:
         saves = []
         for index in range(state.saved_upto, full):
             key = state.keys[index]
-            if index in loaded or self._view.contains(key):
+            if index in loaded or (self._view.cheap_contains and self._view.contains(key)):
                 continue
             saves.append(BlockTransfer(key, request.block_ids[index]))
         state.saved_upto = max(state.saved_upto, full)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,6 +23,7 @@ from kvmux.transfer import BlockMover
 __all__ = ["StoreWorker"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _READERS = 4
 
 
@@ -68,9 +70,7 @@ class StoreWorker:
         started = time.perf_counter()
         keys = [self._skey(t.key) for t in loads]
         failed = 0
-        for data, transfer, skey in zip(
-            self._readers.map(self._fetch, keys), loads, keys, strict=True
-        ):
+        for data, transfer, skey in zip(self._fetch_all(keys), loads, keys, strict=True):
             if data is None or not self._install(transfer, skey, data):
                 self._load_errors.add(transfer.block_id)
                 self._missing.add(transfer.key)
@@ -81,19 +81,29 @@ class StoreWorker:
             load_seconds=time.perf_counter() - started,
         )
 
-    def _fetch(self, skey: bytes) -> bytes | None:
+    def _fetch_all(self, skeys: list[bytes]) -> list[bytes | None]:
+        """Every entry, after any queued save of it; a failed read is a miss."""
         with self._pending_lock:
-            pending = self._pending.get(skey)
-        if pending is not None:
-            pending.exception()  # waits; a failed save is simply a miss
+            pending = {self._pending[k] for k in skeys if k in self._pending}
+        for future in pending:
+            future.exception()  # waits; a failed save is simply a miss
+        if self._store.batched_io:
+            return self._guarded("get", self._store.get_many, skeys, [None] * len(skeys))
+        return list(self._readers.map(self._fetch, skeys))
+
+    def _fetch(self, skey: bytes) -> bytes | None:
+        return self._guarded("get", self._store.get, skey, None)
+
+    def _guarded(self, what: str, call: Callable[[Any], T], arg: Any, default: T) -> T:
+        """``call(arg)``; a StoreError is counted, logged once, and gives ``default``."""
         try:
-            return self._store.get(skey)
+            return call(arg)
         except StoreError as exc:
             self._stats.add(store_errors=1)
             self._warn_once(
-                "get", "kvmux tier %s: read failed, recomputing: %s", self._store.name, exc
+                what, "kvmux tier %s: %s failed, treated as a miss: %s", self._store.name, what, exc
             )
-            return None
+            return default
 
     def _install(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> bool:
         assert self._mover is not None
@@ -151,27 +161,23 @@ class StoreWorker:
         for skey in evictions:
             self._drop(skey)
         started = time.perf_counter()
-        saved = failed = written = 0
-        for row, skey in enumerate(keys):
-            data = codec.encode(
-                self._namespace, skey, self._mover.layer_specs, BlockMover.block_parts(copies, row)
-            )
-            try:
-                stored = self._store.put(skey, data)
-            except StoreError as exc:
-                self._warn_once(
-                    "put", "kvmux tier %s: write failed, dropped: %s", self._store.name, exc
-                )
-                stored = False
-            saved, failed = saved + stored, failed + (not stored)
-            written += len(data) if stored else 0
+        held = self._guarded("lookup", self._store.contains_many, keys, [False] * len(keys))
+        specs = self._mover.layer_specs
+        items = [
+            (skey, codec.encode(self._namespace, skey, specs, BlockMover.block_parts(copies, row)))
+            for row, skey in enumerate(keys)
+            if not held[row]
+        ]
+        stored = self._guarded("put", self._store.put_many, items, [False] * len(items))
+        written = sum(len(data) for (_, data), ok in zip(items, stored, strict=True) if ok)
         self._stats.add(
-            saved_blocks=saved,
-            save_errors=failed,
+            saved_blocks=sum(stored),
+            save_errors=len(items) - sum(stored),
             bytes_saved=written,
             save_seconds=time.perf_counter() - started,
         )
-        self._stats.observe_stored(self._store.used_bytes())
+        if not self._store.batched_io:  # local stores: cheap to ask their size
+            self._stats.observe_stored(self._store.used_bytes())
 
     def flush(self) -> None:
         """Wait until every queued save is written."""

@@ -140,7 +140,7 @@ def test_unknown_store_type() -> None:
         parse_store_spec({"type": "tape", "capacity": 1})
     assert info.value.key == "store.type"
     assert "'tape'" in str(info.value)
-    assert "(accepted: disk, memory)" in str(info.value)
+    assert "(accepted: disk, memory, redis)" in str(info.value)
 
 
 def test_missing_store_type() -> None:

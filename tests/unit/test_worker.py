@@ -261,7 +261,7 @@ def test_store_errors_are_misses_not_crashes(make_worker: MakeWorker) -> None:
     assert worker.take_load_errors() == {0}
     assert worker.take_missing() == {K1}
     assert stats.load_errors == 1
-    assert stats.store_errors == 2  # the failed eviction and the failed read
+    assert stats.store_errors == 3  # the failed eviction, the failed write and the failed read
 
 
 def test_unregistered_worker_does_nothing(make_worker: MakeWorker) -> None:

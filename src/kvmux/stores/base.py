@@ -16,6 +16,7 @@ class KVStore(ABC):
 
     name: str
     capacity: int
+    batched_io = False  # True when the *_many methods cost one round trip, not one per key
 
     @abstractmethod
     def put(self, key: bytes, value: bytes) -> bool:
@@ -35,6 +36,18 @@ class KVStore(ABC):
             if not self.contains(key):
                 return count
         return len(keys)
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """``contains`` for each key."""
+        return [self.contains(key) for key in keys]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """``get`` for each key."""
+        return [self.get(key) for key in keys]
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """``put`` for each (key, value)."""
+        return [self.put(key, value) for key, value in items]
 
     @abstractmethod
     def delete(self, key: bytes) -> None:

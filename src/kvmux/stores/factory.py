@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvmux.config import DiskSpec, MemorySpec, StoreSpec
+from kvmux.config import DiskSpec, MemorySpec, RedisSpec, StoreSpec
 from kvmux.stores.base import KVStore
 from kvmux.stores.disk import DiskStore
 from kvmux.stores.memory import MemoryStore
@@ -16,6 +16,10 @@ def open_store(spec: StoreSpec) -> KVStore:
         return MemoryStore(spec.capacity, name=spec.name)
     if isinstance(spec, DiskSpec):
         return DiskStore(spec.path, spec.capacity, name=spec.name)
+    if isinstance(spec, RedisSpec):
+        from kvmux.stores.redis import RedisStore
+
+        return RedisStore(spec)
     raise TypeError(f"unknown store spec {spec!r}")
 
 

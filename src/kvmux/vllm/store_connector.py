@@ -14,13 +14,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from kvmux.config import StoreConnectorConfig, parse_store_connector_config
-from kvmux.index import MirrorIndex, SharedStoreView, TierView
+from kvmux.config import (
+    MemorySpec,
+    RedisSpec,
+    StoreConnectorConfig,
+    parse_store_connector_config,
+)
+from kvmux.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
 from kvmux.keys import BlockKey, namespace_id, request_salt
 from kvmux.metrics import stats_for
 from kvmux.plan import StepPlan
 from kvmux.planner import ScheduledRequest, StorePlanner
-from kvmux.stores import is_worker_local, open_store
+from kvmux.stores import open_store
 from kvmux.vllm.mux_stats import StoreConnectorStats
 from kvmux.vllm.namespace import block_size_of, engine_namespace, payload_bytes_per_block
 from kvmux.worker import StoreWorker
@@ -108,9 +113,11 @@ class StoreConnector(KVConnectorBase_V1):
 
     def _scheduler_view(self, kv_cache_config: KVCacheConfig) -> TierView:
         spec = self.config.store
-        if is_worker_local(spec):
+        if isinstance(spec, MemorySpec):  # only the workers can see it: mirror it
             entry = payload_bytes_per_block(kv_cache_config) + HEADER_ALLOWANCE
             return MirrorIndex(spec.capacity, entry)
+        if isinstance(spec, RedisSpec):
+            return RemoteStoreView(open_store(spec), self.stats, spec.lookup_wait)
         return SharedStoreView(open_store(spec), self.stats)
 
     def _prefer_recompute(self) -> None:

@@ -1,0 +1,271 @@
+"""Redis / Valkey store: one deployment (standalone or cluster) shared by a fleet of engines.
+
+Keys are ``PREFIX{hex}``; an entry larger than ``max_value_size`` is split into parts
+``PREFIX{hex}:1..n`` with a small manifest at ``PREFIX{hex}``. The braces are a hash tag,
+so an entry and its parts live in one cluster slot. Reads verify the reassembled length;
+the entry checksum is verified by the codec as for every tier.
+
+Every call is bounded by socket timeouts and goes through a circuit breaker: while the
+server is down or refusing, calls fail at once (a miss) instead of waiting, and one
+trial call per back-off finds out when it is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from kvmux.config import RedisSpec
+from kvmux.errors import ConfigError, StoreError, StoreUnavailable
+from kvmux.mux.breaker import CircuitBreaker
+from kvmux.stores.base import KVStore
+
+__all__ = ["RedisStore"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_MANIFEST = b"\x00kvmux-parts-v1\x00"
+_MANIFEST_BODY = struct.Struct("<IQ16s")  # part count, total length, write nonce
+
+
+def _part_name(name: str, nonce: bytes, index: int) -> str:
+    return f"{name}:{nonce.hex()}:{index}"
+
+
+def _manifest(value: bytes) -> tuple[int, int, bytes]:
+    """(part count, total length, nonce) of a manifest value."""
+    count, total, nonce = _MANIFEST_BODY.unpack_from(value, len(_MANIFEST))
+    return int(count), int(total), bytes(nonce)
+
+
+def _import_redis() -> Any:
+    try:
+        import redis
+        import redis.cluster
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise StoreUnavailable("the redis tier needs redis-py: pip install 'kvmux[redis]'") from exc
+    return redis
+
+
+def _client_options(spec: RedisSpec) -> dict[str, Any]:
+    redis = _import_redis()
+    options: dict[str, Any] = {
+        "socket_timeout": spec.socket_timeout,
+        "socket_connect_timeout": spec.connect_timeout,
+        "retry": redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+    }
+    if spec.username:
+        options["username"] = spec.username
+    if spec.password_env:
+        if spec.password_env not in os.environ:
+            raise ConfigError(
+                "store.password_env", f"environment variable {spec.password_env} is not set"
+            )
+        options["password"] = os.environ[spec.password_env]
+    for field, option in (
+        ("ca_cert", "ssl_ca_certs"),
+        ("cert", "ssl_certfile"),
+        ("key", "ssl_keyfile"),
+    ):
+        if getattr(spec, field):
+            options[option] = getattr(spec, field)
+    return options
+
+
+class RedisStore(KVStore):
+    """Entries in Redis/Valkey; the server's maxmemory policy is the budget."""
+
+    batched_io = True
+
+    def __init__(self, spec: RedisSpec):
+        self.name = spec.name
+        self.capacity = 0  # the server enforces its own maxmemory
+        self.spec = spec
+        self._redis = _import_redis()
+        self._options = _client_options(spec)
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._breaker = CircuitBreaker(spec.breaker_seconds, max(30.0, spec.breaker_seconds))
+        self._failing = False
+        self._errors = self._redis.exceptions
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        with self._client_lock:
+            if self._client is None:
+                if self.spec.cluster:
+                    cls = self._redis.cluster.RedisCluster
+                    self._client = cls.from_url(self.spec.url, **self._options)
+                else:
+                    self._client = self._redis.Redis.from_url(self.spec.url, **self._options)
+            return self._client
+
+    def _call(self, what: str, fn: Callable[[Any], T]) -> T:
+        if not self._breaker.allow():
+            raise StoreUnavailable(f"redis store {self.name!r}: server marked down, retrying later")
+        try:
+            result = fn(self._connect())
+        except (
+            self._errors.ConnectionError,
+            self._errors.TimeoutError,
+            self._errors.ClusterError,
+        ) as exc:
+            self._breaker.record_failure()
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    "kvmux redis %s: %s failed (%s); serving misses until it is back",
+                    self.name,
+                    what,
+                    exc,
+                )
+            raise StoreUnavailable(f"redis store {self.name!r}: {what} failed: {exc}") from exc
+        except self._errors.RedisError as exc:
+            raise StoreError(f"redis store {self.name!r}: {what} failed: {exc}") from exc
+        if self._failing:
+            self._failing = False
+            log.warning("kvmux redis %s: server reachable again", self.name)
+        self._breaker.record_success()
+        return result
+
+    def _key(self, key: bytes) -> str:
+        return f"{self.spec.key_prefix}{{{key.hex()}}}"
+
+    def _set_args(self) -> dict[str, Any]:
+        return {"ex": self.spec.ttl_seconds} if self.spec.ttl_seconds else {}
+
+    def _pipeline(self, client: Any) -> Any:
+        return client.pipeline(transaction=False)
+
+    # -- the store contract -----------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> bool:
+        """Store one entry (split into parts past ``max_value_size``)."""
+        return self.put_many([(key, value)]) == [True]
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        """Store several entries in one pipelined round trip."""
+
+        def run(client: Any) -> list[bool]:
+            pipe = self._pipeline(client)
+            for key, value in items:
+                self._queue_put(pipe, self._key(key), value)
+            pipe.execute()
+            return [True] * len(items)
+
+        return self._call("put", run) if items else []
+
+    def _queue_put(self, pipe: Any, name: str, value: bytes) -> None:
+        limit, args = self.spec.max_value_size, self._set_args()
+        if len(value) <= limit:
+            pipe.set(name, value, **args)
+            return
+        view = memoryview(value)
+        parts = [view[i : i + limit] for i in range(0, len(value), limit)]
+        nonce = os.urandom(16)  # concurrent writers of one key never mix their parts
+        for index, part in enumerate(parts, start=1):
+            pipe.set(_part_name(name, nonce, index), part.tobytes(), **args)
+        pipe.set(name, _MANIFEST + _MANIFEST_BODY.pack(len(parts), len(value), nonce), **args)
+
+    def get(self, key: bytes) -> bytes | None:
+        """One entry, reassembled from its parts if it was split."""
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Several entries in one pipelined round trip (two if some were split)."""
+
+        def run(client: Any) -> list[bytes | None]:
+            pipe = self._pipeline(client)
+            for key in keys:
+                pipe.get(self._key(key))
+            values: list[bytes | None] = pipe.execute()
+            split = [i for i, v in enumerate(values) if v is not None and v.startswith(_MANIFEST)]
+            if split:
+                self._reassemble(client, keys, values, split)
+            return values
+
+        return self._call("get", run) if keys else []
+
+    def _reassemble(
+        self, client: Any, keys: Sequence[bytes], values: list[bytes | None], split: list[int]
+    ) -> None:
+        pipe = self._pipeline(client)
+        totals = []
+        for i in split:
+            manifest = values[i]
+            assert manifest is not None
+            count, total, nonce = _manifest(manifest)
+            totals.append(total)
+            name = self._key(keys[i])
+            pipe.mget([_part_name(name, nonce, n) for n in range(1, count + 1)])
+        for i, parts, total in zip(split, pipe.execute(), totals, strict=True):
+            joined = None if any(p is None for p in parts) else b"".join(parts)
+            values[i] = joined if joined is not None and len(joined) == total else None
+
+    def contains(self, key: bytes) -> bool:
+        """One EXISTS."""
+        return self.contains_many([key])[0]
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """EXISTS for every key, in one pipelined round trip."""
+
+        def run(client: Any) -> list[bool]:
+            pipe = self._pipeline(client)
+            for key in keys:
+                pipe.exists(self._key(key))
+            return [bool(n) for n in pipe.execute()]
+
+        return self._call("lookup", run) if keys else []
+
+    def count_prefix(self, keys: Sequence[bytes]) -> int:
+        """Consecutive present keys from the first, in one round trip."""
+        present = self.contains_many(keys)
+        return next((i for i, hit in enumerate(present) if not hit), len(present))
+
+    def delete(self, key: bytes) -> None:
+        """Remove an entry and its parts."""
+        name = self._key(key)
+
+        def run(client: Any) -> None:
+            value = client.get(name)
+            if value is not None and value.startswith(_MANIFEST):
+                count, _, nonce = _manifest(value)
+                pipe = self._pipeline(client)
+                for n in range(1, count + 1):
+                    pipe.delete(_part_name(name, nonce, n))
+                pipe.execute()
+            client.delete(name)
+
+        self._call("delete", run)
+
+    def used_bytes(self) -> int:
+        """The server's used memory (all nodes in a cluster)."""
+
+        def run(client: Any) -> int:
+            info = client.info("memory")
+            if self.spec.cluster and all(isinstance(v, dict) for v in info.values()):
+                return sum(int(v.get("used_memory", 0)) for v in info.values())
+            return int(info.get("used_memory", 0))
+
+        return self._call("info", run)
+
+    def clear(self) -> None:
+        """Remove every key under this store's prefix."""
+
+        def run(client: Any) -> None:
+            pipe = self._pipeline(client)
+            for name in client.scan_iter(match=f"{self.spec.key_prefix}*", count=1000):
+                pipe.delete(name)
+            pipe.execute()
+
+        self._call("clear", run)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        if self._client is not None:
+            self._client.close()
