@@ -71,6 +71,25 @@ def _abort_midway(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     return {"tokens": [finished.get(i, finished.get(n)) for i, n in zip(ids, names, strict=True)]}
 
 
+def _touch(step: dict[str, Any]) -> dict[str, Any]:
+    Path(step["path"]).touch()
+    return {}
+
+
+def _wait_file(step: dict[str, Any]) -> dict[str, Any]:
+    deadline = time.monotonic() + step.get("timeout", 120)
+    while not Path(step["path"]).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{step['path']} did not appear")
+        time.sleep(0.05)
+    return {}
+
+
+def _sleep(step: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(step["seconds"])
+    return {}
+
+
 def _corrupt(step: dict[str, Any]) -> dict[str, Any]:
     files = sorted(Path(step["path"]).glob("??/*.kvx"), key=lambda p: p.stat().st_mtime)
     touched = []
@@ -97,6 +116,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = {"ok": bool(llm.reset_prefix_cache())}
         elif op == "abort_midway":
             result = _abort_midway(llm, step)
+        elif op == "touch":
+            result = _touch(step)
+        elif op == "wait_file":
+            result = _wait_file(step)
+        elif op == "sleep":
+            result = _sleep(step)
         elif op == "corrupt":
             result = _corrupt(step)
         elif op == "stats":

@@ -125,8 +125,15 @@ def make_tls_files(folder: Path) -> TlsFiles:
 class RedisServer:
     """One redis-server on a free loopback port, in its own directory."""
 
-    def __init__(self, workdir: Path, extra: list[str] | None = None, tls: TlsFiles | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        extra: list[str] | None = None,
+        tls: TlsFiles | None = None,
+        conf_lines: list[str] | None = None,
+    ):
         self.workdir = workdir
+        self.conf_lines = list(conf_lines or [])
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.extra = list(extra or [])
@@ -140,7 +147,12 @@ class RedisServer:
         return f"{scheme}://127.0.0.1:{self.port}/0"
 
     def _argv(self) -> list[str]:
-        argv = [REDIS_SERVER, "--bind", "127.0.0.1", "--dir", str(self.workdir)]
+        argv = [REDIS_SERVER]
+        if self.conf_lines:  # directives such as ACL users are easiest in a file
+            conf = self.workdir / "redis.conf"
+            conf.write_text("\n".join(self.conf_lines) + "\n")
+            argv.append(str(conf))
+        argv += ["--bind", "127.0.0.1", "--dir", str(self.workdir)]
         argv += ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
         if self.tls:
             argv += ["--port", "0", "--tls-port", str(self.port)]
@@ -165,9 +177,11 @@ class RedisServer:
             self.proc.wait(timeout=10)
             self.proc = None
 
-    def cli(self, *args: str) -> str:
+    def cli(self, *args: str, auth: tuple[str, str] | None = None) -> str:
         """Run redis-cli against this server."""
         argv = [REDIS_CLI, "-h", "127.0.0.1", "-p", str(self.port)]
+        if auth:
+            argv += ["--user", auth[0], "--pass", auth[1], "--no-auth-warning"]
         if self.tls:
             argv += ["--tls", "--cacert", str(self.tls.ca)]
             argv += ["--cert", str(self.tls.client_cert), "--key", str(self.tls.client_key)]
