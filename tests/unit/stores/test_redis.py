@@ -1,4 +1,4 @@
-"""Redis-specific behaviour against real redis-server processes: TLS, ACL, failures, memory limits."""
+"""Redis behaviour against real redis-server processes: TLS, ACL, failures, memory limits."""
 
 from __future__ import annotations
 
