@@ -91,6 +91,7 @@ class RedisStore(KVStore):
         self._client_lock = threading.Lock()
         self._breaker = CircuitBreaker(spec.breaker_seconds, max(30.0, spec.breaker_seconds))
         self._failing = False
+        self._refusing = False  # logged a refused write since the last accepted one
         self._errors = self._redis.exceptions
 
     # -- plumbing -------------------------------------------------------------
@@ -149,28 +150,45 @@ class RedisStore(KVStore):
         return self.put_many([(key, value)]) == [True]
 
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
-        """Store several entries in one pipelined round trip."""
+        """Store several entries in one pipelined round trip; False where the server refused."""
 
         def run(client: Any) -> list[bool]:
             pipe = self._pipeline(client)
-            for key, value in items:
-                self._queue_put(pipe, self._key(key), value)
-            pipe.execute()
-            return [True] * len(items)
+            sizes = [self._queue_put(pipe, self._key(key), value) for key, value in items]
+            replies = iter(pipe.execute(raise_on_error=False))
+            stored = []
+            for size in sizes:
+                outcome = [next(replies) for _ in range(size)]
+                refused = [r for r in outcome if isinstance(r, Exception)]
+                if refused:
+                    self._warn_refused(refused[0])
+                stored.append(not refused)
+            if all(stored):
+                self._refusing = False
+            return stored
 
         return self._call("put", run) if items else []
 
-    def _queue_put(self, pipe: Any, name: str, value: bytes) -> None:
+    def _warn_refused(self, error: Exception) -> None:
+        if not self._refusing:
+            self._refusing = True
+            log.warning(
+                "kvmux redis %s: server refused a write (%s); dropping saves", self.name, error
+            )
+
+    def _queue_put(self, pipe: Any, name: str, value: bytes) -> int:
+        """Queue the commands that store one entry; returns how many."""
         limit, args = self.spec.max_value_size, self._set_args()
         if len(value) <= limit:
             pipe.set(name, value, **args)
-            return
+            return 1
         view = memoryview(value)
         parts = [view[i : i + limit] for i in range(0, len(value), limit)]
         nonce = os.urandom(16)  # concurrent writers of one key never mix their parts
         for index, part in enumerate(parts, start=1):
             pipe.set(_part_name(name, nonce, index), part.tobytes(), **args)
         pipe.set(name, _MANIFEST + _MANIFEST_BODY.pack(len(parts), len(value), nonce), **args)
+        return len(parts) + 1
 
     def get(self, key: bytes) -> bytes | None:
         """One entry, reassembled from its parts if it was split."""

@@ -1,0 +1,152 @@
+"""The Redis tier inside real vLLM engines: sharing, namespaces, a server that dies, limits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvmux.engine import run_engine_job
+from kvmux.models import build_random_llama
+from tests.integration.conftest import (
+    BASE_ENGINE,
+    ENGINE_ENV,
+    generate,
+    make_prompt,
+    results,
+    store_kv,
+)
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 128
+PROMPTS = [make_prompt(500 + i, 900) for i in range(3)]
+HITS = (900 - 1) // BLOCK * BLOCK  # 7 blocks
+
+
+def redis_kv(url: str, **store: Any) -> dict[str, Any]:
+    spec = {"type": "redis", "url": url, "breaker_seconds": 0.3, **store}
+    return store_kv(spec)
+
+
+@pytest.fixture(scope="module")
+def baseline(run_job: Callable[..., dict[str, Any]]) -> list[list[int]]:
+    return results(run_job([generate(*PROMPTS)], enable_prefix_caching=False))[0]["tokens"]
+
+
+@pytest.fixture(scope="module")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis-shared")).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def first_engine(run_job, shared_redis) -> dict[str, Any]:
+    return run_job([generate(*PROMPTS)], kv=redis_kv(shared_redis.url), enable_prefix_caching=False)
+
+
+def test_second_engine_hits_what_the_first_computed(first_engine, run_job, shared_redis, baseline):
+    assert results(first_engine)[0]["num_cached_tokens"] == [0, 0, 0]
+    second = run_job(
+        [generate(*PROMPTS)], kv=redis_kv(shared_redis.url), enable_prefix_caching=False
+    )
+    step = results(second)[0]
+    assert step["num_cached_tokens"] == [HITS] * 3
+    assert step["tokens"] == baseline
+    assert second["stats"]["redis"]["loaded_blocks"] == 3 * HITS // BLOCK
+    print("cross-engine:", step["num_cached_tokens"], second["stats"]["redis"])
+
+
+def test_another_model_never_sees_these_entries(first_engine, shared_redis, tmp_path: Path):
+    other = build_random_llama(tmp_path / "other-model", seed=1)
+    job = {
+        "model": str(other),
+        "engine": {**BASE_ENGINE, "enable_prefix_caching": False},
+        "kv": redis_kv(shared_redis.url),
+        "steps": [generate(*PROMPTS)],
+    }
+    step = results(run_engine_job(job, env=ENGINE_ENV))[0]
+    assert step["num_cached_tokens"] == [0, 0, 0]
+
+
+def test_cluster_tier(run_job, redis_cluster, baseline) -> None:
+    kv = redis_kv(redis_cluster.url, cluster=True, key_prefix="vllm-cluster:")
+    run = run_job([generate(*PROMPTS), generate(*PROMPTS)], kv=kv, enable_prefix_caching=False)
+    cold, warm = results(run)
+    assert cold["tokens"] == warm["tokens"] == baseline
+    assert warm["num_cached_tokens"] == [HITS] * 3
+    keys = [int(n.cli("dbsize")) for n in redis_cluster.nodes]
+    assert sum(keys) == 3 * (900 // BLOCK) and all(k > 0 for k in keys)  # spread over all masters
+    print("cluster:", warm["num_cached_tokens"], "keys per master:", keys, run["stats"]["redis"])
+
+
+def test_server_killed_and_restarted_while_serving(run_job, tmp_path: Path, baseline) -> None:
+    server = RedisServer(tmp_path / "flaky").start()
+    marks = {name: tmp_path / name for name in ("down?", "down", "up?", "up")}
+    steps = [
+        generate(PROMPTS[0]),
+        generate(PROMPTS[0]),  # hit
+        {"op": "touch", "path": str(marks["down?"])},
+        {"op": "wait_file", "path": str(marks["down"])},
+        generate(PROMPTS[0]),  # server dead: recomputed
+        generate(PROMPTS[1]),
+        {"op": "touch", "path": str(marks["up?"])},
+        {"op": "wait_file", "path": str(marks["up"])},
+        {"op": "sleep", "seconds": 1.5},  # past the breaker's back-off
+        generate(PROMPTS[0]),  # restarted empty: recomputed, saved again
+        generate(PROMPTS[0]),  # hit again
+    ]
+    outcome: dict[str, Any] = {}
+
+    def serve() -> None:
+        outcome["run"] = run_job(steps, kv=redis_kv(server.url), enable_prefix_caching=False)
+
+    engine = threading.Thread(target=serve)
+    engine.start()
+    for ask, answer, act in (("down?", "down", server.kill), ("up?", "up", server.start)):
+        while not marks[ask].exists() and engine.is_alive():
+            time.sleep(0.05)
+        act()
+        marks[answer].touch()
+    engine.join()
+    server.kill()
+    run = outcome["run"]
+    outs = results(run)
+    assert [o["tokens"][0] for o in outs] == [
+        baseline[0],
+        baseline[0],
+        baseline[0],
+        baseline[1],
+        baseline[0],
+        baseline[0],
+    ]
+    assert [o["num_cached_tokens"][0] for o in outs] == [0, HITS, 0, 0, 0, HITS]
+    assert run["stats"]["redis"]["store_errors"] >= 1
+    assert "serving misses until it is back" in run["log"]
+    assert "server reachable again" in run["log"]
+    print("kill/restart:", [o["num_cached_tokens"][0] for o in outs], run["stats"]["redis"])
+
+
+def test_full_server_refusing_writes(run_job, tmp_path: Path, baseline) -> None:
+    server = RedisServer(
+        tmp_path / "full", ["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]
+    )
+    server.start()
+    run = run_job(
+        [generate(*PROMPTS), generate(*PROMPTS)],
+        kv=redis_kv(server.url),
+        enable_prefix_caching=False,
+    )
+    server.kill()
+    cold, warm = results(run)
+    assert cold["tokens"] == warm["tokens"] == baseline
+    stats = run["stats"]["redis"]
+    assert stats["save_errors"] >= 1  # refused: noeviction
+    assert stats["load_errors"] == 0
+    print("maxmemory noeviction:", warm["num_cached_tokens"], stats)
