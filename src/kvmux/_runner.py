@@ -90,6 +90,68 @@ def _sleep(step: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+SCHEDULER_HOOKS = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished",
+)
+WORKER_HOOKS = (
+    "bind_connector_metadata",
+    "clear_connector_metadata",
+    "start_load_kv",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_save",
+    "get_transfer_results",
+    "get_block_ids_with_load_errors",
+    "build_connector_worker_meta",
+    "get_kv_connector_stats",
+)
+_hook_seconds: dict[str, float] = {}
+
+
+def _timed(obj: Any, name: str, bucket: str) -> None:
+    original = getattr(obj, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _hook_seconds[bucket] = _hook_seconds.get(bucket, 0.0) + time.perf_counter() - started
+            calls = f"{bucket}/{name}/calls"
+            _hook_seconds[calls] = _hook_seconds.get(calls, 0) + 1
+
+    setattr(obj, name, wrapper)
+
+
+def _children_of(connector: Any) -> list[Any]:
+    if hasattr(connector, "children"):
+        return list(connector.children)
+    return list(getattr(connector, "_connectors", []))
+
+
+def _instrument(llm: Any) -> dict[str, Any]:
+    """Time every hook of the top-level connectors and of their children."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    worker = get_kv_transfer_group()
+    for side, top, hooks in (
+        ("scheduler", scheduler, SCHEDULER_HOOKS),
+        ("worker", worker, WORKER_HOOKS),
+    ):
+        for child in _children_of(top):
+            for name in hooks:
+                _timed(child, name, f"{side}/children")
+        for name in hooks:
+            _timed(top, name, f"{side}/top")
+    _hook_seconds.clear()
+    return {"children": len(_children_of(scheduler))}
+
+
 def _corrupt(step: dict[str, Any]) -> dict[str, Any]:
     files = sorted(Path(step["path"]).glob("??/*.kvx"), key=lambda p: p.stat().st_mtime)
     touched = []
@@ -116,6 +178,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = {"ok": bool(llm.reset_prefix_cache())}
         elif op == "abort_midway":
             result = _abort_midway(llm, step)
+        elif op == "instrument":
+            result = _instrument(llm)
+        elif op == "hook_times":
+            result = {"seconds": dict(_hook_seconds)}
         elif op == "touch":
             result = _touch(step)
         elif op == "wait_file":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,26 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from kvmux.bench.bars import format_bars
+    from kvmux.bench.configs import CONFIGS
+    from kvmux.bench.run import run_bench
+
+    configs = tuple(args.configs.split(",")) if args.configs else CONFIGS
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        from kvmux.errors import ConfigError
+
+        raise ConfigError("--configs", f"unknown {sorted(unknown)}", CONFIGS)
+    lmcache = args.lmcache_python or Path(
+        os.environ.get("KVMUX_LMCACHE_PYTHON", ".venv-lmcache/bin/python")
+    )
+    results = run_bench(args.out, args.quick, args.workdir, lmcache, configs)
+    print(format_bars(results["bars"]))
+    print(f"results in {args.out} ({results['seconds']:.0f} s)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvmux", description="KV-cache tiers for vLLM.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -31,6 +52,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", type=Path, default=DEFAULT_DIR / "demo", help="work directory")
     demo.add_argument("--prompt-tokens", type=int, default=3000, help="prompt length")
     demo.set_defaults(func=_demo)
+    bench = commands.add_parser("bench", help="kvmux against its peers and the physical limits")
+    bench.add_argument("--quick", action="store_true", help="the small run (a tiny model, minutes)")
+    bench.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
+    bench.add_argument(
+        "--workdir", type=Path, default=DEFAULT_DIR / "bench", help="models and tiers"
+    )
+    bench.add_argument(
+        "--lmcache-python", type=Path, default=None, help="python of the LMCache venv"
+    )
+    bench.add_argument("--configs", default="", help="comma-separated subset of configurations")
+    bench.set_defaults(func=_bench)
     return parser
 
 

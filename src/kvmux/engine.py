@@ -21,7 +21,10 @@ class EngineRunError(KvmuxError):
 
 
 def run_engine_job(
-    job: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 900
+    job: dict[str, Any],
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+    python: str | None = None,
 ) -> dict[str, Any]:
     """Run ``job`` (see ``kvmux._runner``) in a fresh process; return its result."""
     with tempfile.TemporaryDirectory(prefix="kvmux-job-") as tmp:
@@ -29,7 +32,7 @@ def run_engine_job(
         job_file.write_text(json.dumps(job))
         child_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
         proc = subprocess.run(
-            [sys.executable, "-m", "kvmux._runner", str(job_file)],
+            [python or sys.executable, "-m", "kvmux._runner", str(job_file)],
             capture_output=True,
             text=True,
             env=child_env,

@@ -29,6 +29,11 @@ class CircuitBreaker:
         self.trips = 0  # how many times the breaker opened
 
     @property
+    def is_closed(self) -> bool:
+        """True when no failure is pending: the fast path of every call."""
+        return self._failures == 0
+
+    @property
     def state(self) -> str:
         """``closed``, ``open`` or ``half-open``."""
         if self._failures == 0:

@@ -7,7 +7,7 @@ import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kvmux.mux.breaker import CircuitBreaker
 
@@ -53,22 +53,35 @@ class ChildGuard:
 
     def call(self, hook: str, fn: Callable[[], T], default: T, timer: str | None = None) -> T:
         """Run ``fn``; on an exception or an open breaker return ``default``."""
-        if not self.breaker.allow():
+        return self.invoke(hook, fn, (), default, timer)
+
+    def invoke(
+        self,
+        hook: str,
+        method: Callable[..., T],
+        args: tuple[Any, ...],
+        default: T,
+        timer: str | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> T:
+        """``method(*args, **kwargs)``; on an exception or an open breaker return ``default``."""
+        breaker = self.breaker
+        if not breaker.is_closed and not breaker.allow():
             self.counters["skipped_calls"] += 1
             return default
-        started = time.perf_counter()
+        started = time.perf_counter() if timer is not None else 0.0
         try:
-            result = fn()
+            result = method(*args, **kwargs) if kwargs else method(*args)
         except Exception as exc:
             self.fail(hook, exc)
             return default
         finally:
             if timer is not None:
                 self.counters[timer] += time.perf_counter() - started
-        if self.breaker.state == "half-open":
+        if not breaker.is_closed:  # the half-open trial call succeeded
             log.warning("kvmux mux: child %s recovered, breaker closed", self.label)
             self._logged_hooks.clear()
-        self.breaker.record_success()
+            breaker.record_success()
         return result
 
     def fail(self, hook: str, exc: BaseException) -> None:

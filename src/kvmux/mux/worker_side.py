@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -12,6 +12,7 @@ from kvmux.mux.plan import MuxStepPlan
 
 __all__ = ["MuxWorker", "TransferResult"]
 
+_FAILED: Any = object()  # what a guarded hook returns when the child raised or was skipped
 TransferResult = tuple[set[str], set[str], set[str]]  # sending, recving, failed recving
 
 
@@ -27,6 +28,8 @@ class MuxWorker:
         self._loading = [False] * len(children)  # child takes part in this step's loads
         self._saving = [False] * len(children)  # child takes part in this step's saves
         self._bound = [False] * len(children)  # child holds this step's metadata
+        # children whose per-layer hooks do work (kvmux tiers copy whole steps instead)
+        self._layer_hooks = [bool(getattr(c, "kvmux_layer_hooks", True)) for c in children]
         self._load_errors: set[int] = set()
         self._done_recving: set[str] = set()
 
@@ -60,21 +63,37 @@ class MuxWorker:
         owed = [r for r, children in self._step.async_loaders.items() if i in children]
         self._done_recving |= self.recving.report(i, owed, failed=True)
 
-    def each_loading(self, hook: str, call: Callable[[Any], object]) -> None:
+    def each_loading(
+        self,
+        hook: str,
+        args: tuple[Any, ...],
+        per_layer: bool = False,
+        kwargs: dict[str, Any] | None = None,
+    ) -> None:
         """Run a load hook on every child still loading this step."""
+        timer = None if per_layer else "load_seconds"
         for i, child in enumerate(self.children):
-            if self._loading[i]:
-                ok = self.guards[i].call(hook, succeeded(call, child), False, "load_seconds")
-                if not ok:
+            if self._loading[i] and (self._layer_hooks[i] or not per_layer):
+                method = getattr(child, hook)
+                outcome = self.guards[i].invoke(hook, method, args, _FAILED, timer, kwargs)
+                if outcome is _FAILED:
                     self._lose_loads(i)
                     self._saving[i] = False
 
-    def each_saving(self, hook: str, call: Callable[[Any], object]) -> None:
+    def each_saving(
+        self,
+        hook: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None = None,
+        per_layer: bool = False,
+    ) -> None:
         """Run a save hook on every child still saving this step; a failure drops its saves."""
+        timer = None if per_layer else "save_seconds"
         for i, child in enumerate(self.children):
-            if self._saving[i]:
-                ok = self.guards[i].call(hook, succeeded(call, child), False, "save_seconds")
-                if not ok:
+            if self._saving[i] and (self._layer_hooks[i] or not per_layer):
+                method = getattr(child, hook)
+                outcome = self.guards[i].invoke(hook, method, args, _FAILED, timer, kwargs)
+                if outcome is _FAILED:
                     self._saving[i] = False
                     self.guards[i].counters["save_errors"] += 1
 

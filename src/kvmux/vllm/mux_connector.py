@@ -127,8 +127,9 @@ class MuxConnector(KVConnectorBase_V1):
         return list(self._children)
 
     def _each(self, hook: str, call: Any, default: Any = None) -> list[Any]:
+        """``call(child)`` for every child, each guarded."""
         return [
-            g.call(hook, partial(call, c), default)
+            g.invoke(hook, call, (c,), default)
             for c, g in zip(self._children, self._guards, strict=True)
         ]
 
@@ -375,15 +376,14 @@ class MuxConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Start every loading child's loads."""
-        self._worker.each_loading(
-            "start_load_kv", lambda c: c.start_load_kv(forward_context, **kwargs)
-        )
+        if kwargs:
+            self._worker.each_loading("start_load_kv", (forward_context,), kwargs=kwargs)
+        else:
+            self._worker.each_loading("start_load_kv", (forward_context,))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Wait for every loading child."""
-        self._worker.each_loading(
-            "wait_for_layer_load", lambda c: c.wait_for_layer_load(layer_name)
-        )
+        self._worker.each_loading("wait_for_layer_load", (layer_name,), per_layer=True)
 
     def save_kv_layer(
         self,
@@ -393,14 +393,12 @@ class MuxConnector(KVConnectorBase_V1):
         **kwargs: Any,
     ) -> None:
         """Every saving child saves the layer."""
-        self._worker.each_saving(
-            "save_kv_layer",
-            lambda c: c.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs),
-        )
+        args = (layer_name, kv_layer, attn_metadata)
+        self._worker.each_saving("save_kv_layer", args, kwargs or None, per_layer=True)
 
     def wait_for_save(self) -> None:
         """Every saving child finishes its step's saves."""
-        self._worker.each_saving("wait_for_save", lambda c: c.wait_for_save())
+        self._worker.each_saving("wait_for_save", ())
 
     def finish_forward(self) -> None:
         """Tell every child the forward pass is done."""

@@ -77,6 +77,7 @@ class StoreConnector(KVConnectorBase_V1):
     """Loads prompt prefixes from, and saves every full prompt block to, one tier."""
 
     kvmux_offset_loads = True  # can load a range that starts past the computed tokens
+    kvmux_layer_hooks = False  # wait_for_layer_load and save_kv_layer do nothing: skip them
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -1,0 +1,1 @@
+"""Benchmarks of kvmux against the raw limits of the hardware and services it runs on."""

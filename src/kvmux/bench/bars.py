@@ -1,0 +1,123 @@
+"""The issue's bars, evaluated on one run's results: each a measured ratio and a verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["evaluate_bars", "format_bars"]
+
+
+def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    return next(
+        (r for r in rows if all(r.get(k) == v for k, v in match.items()) and "error" not in r), None
+    )
+
+
+def _bar(name: str, value: float | None, limit: float, better: str) -> dict[str, Any]:
+    if value is None:
+        return {"bar": name, "measured": None, "limit": limit, "met": False, "note": "not measured"}
+    met = value <= limit if better == "below" else value >= limit
+    return {"bar": name, "measured": round(value, 4), "limit": limit, "met": met}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _get(row: dict[str, Any] | None, key: str) -> float | None:
+    return None if row is None else row.get(key)
+
+
+def evaluate_bars(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every bar with its measured ratio; a missing figure is reported, not hidden."""
+    long_rows = results.get("long_prompts", [])
+    lengths = sorted({r["prompt_tokens"] for r in long_rows if "prompt_tokens" in r})
+    length = 4096 if 4096 in lengths else (lengths[-1] if lengths else 0)
+    memory = _find(long_rows, config="kvmux-memory", prompt_tokens=length)
+    prefix = _find(long_rows, config="vllm-prefix-cache", prompt_tokens=length)
+    example = _find(long_rows, config="example", prompt_tokens=length)
+    disk = _find(long_rows, config="kvmux-mux-first", prompt_tokens=length)
+    bars = [
+        _bar(
+            f"memory warm TTFT / vLLM prefix-cache warm TTFT ({length} tokens)",
+            _ratio(_get(memory, "ttft_warm_s"), _get(prefix, "ttft_warm_s")),
+            1.5,
+            "below",
+        ),
+        _bar(
+            f"memory warm TTFT / ExampleConnector warm TTFT ({length} tokens)",
+            _ratio(_get(memory, "ttft_warm_s"), _get(example, "ttft_warm_s")),
+            0.5,
+            "below",
+        ),
+        _bar(
+            f"disk warm TTFT / cold TTFT ({length} tokens)",
+            _ratio(_get(disk, "ttft_restart_s"), _get(disk, "ttft_cold_s")),
+            0.1,
+            "below",
+        ),
+    ]
+    for row in results.get("stores", {}).get("rows", []):
+        bars.append(_bar(f"{row['tier']} {row['op']} / its limit", row.get("ratio"), 0.5, "above"))
+    noreuse = results.get("no_reuse", [])
+    saving = _ratio(
+        _get(_find(noreuse, config="kvmux-mux-redis"), "throughput_tok_s"),
+        _get(_find(noreuse, config="none"), "throughput_tok_s"),
+    )
+    bars.append(
+        _bar(
+            "saving cost: 1 - throughput(kvmux all tiers) / throughput(none)",
+            None if saving is None else 1 - saving,
+            0.05,
+            "below",
+        )
+    )
+    reuse = results.get("reuse", [])
+    bars.append(
+        _bar(
+            "reuse TTFT p50: kvmux memory+disk / LMCache",
+            _ratio(
+                _get(_find(reuse, config="kvmux-mux-compose"), "ttft_p50_s"),
+                _get(_find(reuse, config="lmcache"), "ttft_p50_s"),
+            ),
+            1.0,
+            "below",
+        )
+    )
+    overhead = results.get("overhead", [])
+    for row in overhead:
+        if row.get("connector") != "MuxConnector":
+            continue
+        multi = _find(overhead, connector="MultiConnector", children=row["children"])
+        for side in ("scheduler", "worker"):
+            bars.append(
+                _bar(
+                    f"MuxConnector x{row['children']} {side} time added / children's time",
+                    row.get(f"{side}_added_ratio"),
+                    0.10,
+                    "below",
+                )
+            )
+            added, multi_added = (
+                row.get(f"{side}_added_us_per_step"),
+                _get(multi, f"{side}_added_us_per_step"),
+            )
+            bars.append(
+                _bar(
+                    f"MuxConnector x{row['children']} {side} added / MultiConnector added",
+                    _ratio(added, multi_added),
+                    1.0,
+                    "below",
+                )
+            )
+    return bars
+
+
+def format_bars(bars: list[dict[str, Any]]) -> str:
+    """One line per bar: met or not, measured against its limit."""
+    lines = []
+    for bar in bars:
+        verdict = "MET " if bar["met"] else "SHORT"
+        measured = "n/a" if bar["measured"] is None else f"{bar['measured']:.3f}"
+        lines.append(f"{verdict} {bar['bar']}: {measured} (bar {bar['limit']})")
+    return "\n".join(lines)

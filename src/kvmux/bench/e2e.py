@@ -1,0 +1,275 @@
+"""End-to-end workloads in vLLM: long prompts, multi-turn and RAG reuse, no reuse, overhead."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvmux.bench.configs import kv_config
+from kvmux.bench.plan import BenchPlan
+from kvmux.engine import run_engine_job
+from kvmux.models import MODEL_SIZES
+
+__all__ = ["Runner", "long_prompts", "mux_overhead", "no_reuse", "reuse_workload"]
+
+TIERS = ("memory", "disk", "redis")
+
+
+def _tokens(seed: int, count: int, vocab: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, vocab) for _ in range(count)]
+
+
+def _gen(prompts: list[list[int]], max_tokens: int = 1) -> dict[str, Any]:
+    return {"op": "generate", "prompts": prompts, "max_tokens": max_tokens}
+
+
+def _generates(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in run["steps"] if s["op"] == "generate"]
+
+
+class Runner:
+    """Runs engine jobs for one plan, model and work directory; peers may use other Pythons."""
+
+    def __init__(
+        self,
+        plan: BenchPlan,
+        model: Path,
+        work: Path,
+        redis_url: str | None,
+        pythons: dict[str, str],
+    ):
+        self.plan = plan
+        self.model = model
+        self.work = work
+        self.redis_url = redis_url
+        self.pythons = pythons  # configuration -> python executable (LMCache's own venv)
+        self.vocab = MODEL_SIZES[plan.model_size].vocab_size
+
+    def tokens(self, seed: int, count: int) -> list[int]:
+        """Deterministic random prompt tokens."""
+        return _tokens(seed, count, self.vocab)
+
+    def run(
+        self, config: str, steps: list[dict[str, Any]], fresh: bool = True, **engine: Any
+    ) -> dict[str, Any]:
+        """One engine of ``config`` through ``steps``; ``fresh`` empties its local tiers first."""
+        work = self.work / config
+        if fresh:
+            shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True, exist_ok=True)
+        longest = max(
+            (*self.plan.lengths, self.plan.system_tokens + self.plan.turns * self.plan.user_tokens)
+        )
+        settings = {
+            "dtype": self.plan.dtype,
+            "max_model_len": longest + 256,
+            "max_num_batched_tokens": longest
+            + 256,  # no chunked prefill: ExampleConnector needs it
+            "enable_prefix_caching": config == "vllm-prefix-cache",
+            **engine,
+        }
+        job = {
+            "model": str(self.model),
+            "engine": settings,
+            "kv": kv_config(config, work, self.redis_url),
+            "steps": [_gen([self.tokens(1, 256)]), *steps],  # warm-up, not measured
+        }
+        env = {"VLLM_CPU_KVCACHE_SPACE": "4"}
+        return run_engine_job(job, env=env, python=self.pythons.get(config), timeout=3600)
+
+
+def _source(step: dict[str, Any], before: dict[str, Any]) -> str:
+    parts = []
+    for tier in TIERS:
+        now = step["stats"].get(tier, {}).get("hit_tokens", 0)
+        delta = now - before.get(tier, {}).get("hit_tokens", 0)
+        if delta:
+            parts.append(f"{tier}:{int(delta)}")
+    return " ".join(parts)
+
+
+RESTART_SOURCES = {
+    "example": "example (disk)",
+    "multi-example": "example (disk)",
+    "kvmux-mux-first": "disk",
+    "kvmux-mux-compose": "disk",
+    "kvmux-mux-redis": "redis",
+    "lmcache": "lmcache server",
+}
+
+
+def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
+    """Workload (a): TTFT cold, warm in the same engine, and warm after a restart."""
+    prompts = [runner.tokens(1000 + n, n) for n in runner.plan.lengths]
+    reset = [] if config == "vllm-prefix-cache" else [{"op": "reset_prefix_cache"}]
+    steps = [s for p in prompts for s in (_gen([p]), *reset, _gen([p]))]
+    first = _generates(runner.run(config, steps))[1:]
+    rows = []
+    restart = None
+    if config in RESTART_SOURCES:
+        if config == "kvmux-mux-redis":  # empty the disk tier so the hit must come from Redis
+            shutil.rmtree(runner.work / config / "disk", ignore_errors=True)
+        restart = _generates(runner.run(config, [_gen([p]) for p in prompts], fresh=False))
+    for i, length in enumerate(runner.plan.lengths):
+        cold, warm = first[2 * i], first[2 * i + 1]
+        row = {
+            "config": config,
+            "prompt_tokens": length,
+            "ttft_cold_s": cold["seconds"],
+            "ttft_warm_s": warm["seconds"],
+            "warm_cached_tokens": warm["num_cached_tokens"][0],
+            "warm_source": _source(warm, cold["stats"])
+            or ("vllm prefix cache" if warm["num_cached_tokens"][0] else "-"),
+        }
+        if restart is not None:
+            again = restart[i]
+            row["ttft_restart_s"] = again["seconds"]
+            row["restart_cached_tokens"] = again["num_cached_tokens"][0]
+            row["restart_source"] = (
+                _source(again, restart[i - 1]["stats"] if i else {}) or RESTART_SOURCES[config]
+            )
+        rows.append(row)
+    return rows
+
+
+def _reuse_requests(runner: Runner) -> list[list[int]]:
+    """Conversations over one system prompt, and documents asked several questions, interleaved."""
+    plan = runner.plan
+    system = runner.tokens(2000, plan.system_tokens)
+    conversations = []
+    for c in range(plan.conversations):
+        history = list(system)
+        turns = []
+        for t in range(plan.turns):
+            history = history + runner.tokens(3000 + 100 * c + t, plan.user_tokens)
+            turns.append(list(history))
+        conversations.append(turns)
+    documents = [runner.tokens(4000 + d, plan.document_tokens) for d in range(plan.documents)]
+    asks = [
+        [
+            doc + runner.tokens(5000 + 100 * d + q, plan.question_tokens)
+            for q in range(plan.questions)
+        ]
+        for d, doc in enumerate(documents)
+    ]
+    requests: list[list[int]] = []
+    for round_ in range(max(plan.turns, plan.questions)):
+        requests += [turns[round_] for turns in conversations if round_ < len(turns)]
+        requests += [qs[round_] for qs in asks if round_ < len(qs)]
+    return requests
+
+
+def reuse_workload(runner: Runner, config: str) -> dict[str, Any]:
+    """Workload (b): TTFT p50/p90, throughput and hit rate per tier with a small engine cache."""
+    requests = _reuse_requests(runner)
+    run = runner.run(
+        config, [_gen([r]) for r in requests], num_gpu_blocks_override=runner.plan.engine_blocks
+    )
+    steps = _generates(run)[1:]
+    ttfts = sorted(s["seconds"] for s in steps)
+    prompt_tokens = sum(len(r) for r in requests)
+    cached = sum(s["num_cached_tokens"][0] for s in steps)
+    row: dict[str, Any] = {
+        "config": config,
+        "requests": len(requests),
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p90_s": ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
+        "throughput_tok_s": prompt_tokens / sum(ttfts),
+        "hit_rate": cached / prompt_tokens,
+    }
+    final = steps[-1]["stats"]
+    first = _generates(run)[0]["stats"]
+    for tier in TIERS:
+        if tier in final:
+            gained = final[tier]["hit_tokens"] - first.get(tier, {}).get("hit_tokens", 0)
+            row[f"hit_rate_{tier}"] = gained / prompt_tokens
+    return row
+
+
+def no_reuse(runner: Runner, config: str) -> dict[str, Any]:
+    """Workload (c): throughput of distinct prompts, best of two rounds."""
+    plan = runner.plan
+    rounds = [
+        [
+            runner.tokens(6000 + 100 * r + i, plan.noreuse_tokens)
+            for i in range(plan.noreuse_prompts)
+        ]
+        for r in range(2)
+    ]
+    run = runner.run(
+        config,
+        [_gen(p, plan.noreuse_max_tokens) for p in rounds],
+        num_gpu_blocks_override=runner.plan.engine_blocks * 4,
+    )
+    best = min(s["seconds"] for s in _generates(run)[1:])
+    tokens = plan.noreuse_prompts * (plan.noreuse_tokens + plan.noreuse_max_tokens)
+    return {"config": config, "seconds": best, "throughput_tok_s": tokens / best}
+
+
+def _overhead_kv(kind: str, children: int, work: Path) -> dict[str, Any]:
+    tiers = [{"type": "memory", "capacity": "1GiB", "name": f"m{i}"} for i in range(children)]
+    if kind == "mux":
+        return {
+            "kv_connector": "MuxConnector",
+            "kv_connector_module_path": "kvmux.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"policy": "first", "tiers": tiers},
+        }
+    store = [
+        {
+            "kv_connector": "StoreConnector",
+            "kv_connector_module_path": "kvmux.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"store": t},
+        }
+        for t in tiers
+    ]
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": store},
+    }
+
+
+def mux_overhead(runner: Runner, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Time per step that MuxConnector and vLLM's MultiConnector add over the same children."""
+    rows = []
+    prompts = [runner.tokens(7000 + i, 512) for i in range(8)]
+    for children in runner.plan.overhead_children:
+        for kind in ("mux", "multi"):
+            progress(f"overhead {kind} x{children}")
+            job = {
+                "model": str(runner.model),
+                "engine": {
+                    "dtype": runner.plan.dtype,
+                    "max_model_len": 2048,
+                    "enable_prefix_caching": False,
+                },
+                "kv": _overhead_kv(kind, children, runner.work),
+                "steps": [
+                    _gen([runner.tokens(1, 256)]),
+                    {"op": "instrument"},
+                    _gen(prompts, 32),
+                    _gen(prompts, 32),
+                    {"op": "hook_times"},
+                ],
+            }
+            times = run_engine_job(job, env={"VLLM_CPU_KVCACHE_SPACE": "2"})["steps"][-1]["seconds"]
+            steps = max(1, int(times.get("scheduler/top/build_connector_meta/calls", 1)))
+            row: dict[str, Any] = {
+                "connector": "MuxConnector" if kind == "mux" else "MultiConnector",
+                "children": children,
+                "steps": steps,
+            }
+            for side in ("scheduler", "worker"):
+                top, inner = times.get(f"{side}/top", 0.0), times.get(f"{side}/children", 0.0)
+                row[f"{side}_children_us_per_step"] = 1e6 * inner / steps
+                row[f"{side}_added_us_per_step"] = 1e6 * (top - inner) / steps
+                row[f"{side}_added_ratio"] = (top - inner) / inner if inner else 0.0
+            rows.append(row)
+    return rows

@@ -1,0 +1,71 @@
+"""What a benchmark run measures: sizes of the quick and the full run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FULL", "QUICK", "BenchPlan"]
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """Sizes of one run; the quick run is a smaller copy of the full one."""
+
+    model_size: str  # kvmux.models.MODEL_SIZES key
+    dtype: str
+    lengths: tuple[int, ...]  # workload (a): one long prompt of each length
+    engine_blocks: int  # the engine's own KV cache, in blocks, for workloads (b) and (c)
+    conversations: int  # workload (b): multi-turn conversations over one system prompt
+    turns: int
+    system_tokens: int
+    user_tokens: int
+    documents: int  # workload (b): RAG-style documents, each asked several questions
+    questions: int
+    document_tokens: int
+    question_tokens: int
+    noreuse_prompts: int  # workload (c)
+    noreuse_tokens: int
+    noreuse_max_tokens: int
+    overhead_children: tuple[int, ...]  # MuxConnector overhead with this many children
+    store_entries: int  # store microbenchmark: entries of one block each
+
+
+QUICK = BenchPlan(
+    model_size="tiny",
+    dtype="bfloat16",
+    lengths=(1024,),
+    engine_blocks=12,
+    conversations=3,
+    turns=2,
+    system_tokens=512,
+    user_tokens=128,
+    documents=3,
+    questions=2,
+    document_tokens=640,
+    question_tokens=64,
+    noreuse_prompts=8,
+    noreuse_tokens=512,
+    noreuse_max_tokens=16,
+    overhead_children=(1, 2),
+    store_entries=32,
+)
+
+FULL = BenchPlan(
+    model_size="bench",
+    dtype="bfloat16",
+    lengths=(1024, 4096, 8192),
+    engine_blocks=48,
+    conversations=6,
+    turns=3,
+    system_tokens=2048,
+    user_tokens=256,
+    documents=6,
+    questions=3,
+    document_tokens=1536,
+    question_tokens=64,
+    noreuse_prompts=16,
+    noreuse_tokens=1024,
+    noreuse_max_tokens=32,
+    overhead_children=(1, 2, 4),
+    store_entries=128,
+)

