@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,9 @@ from kvmux._runner import RESULT_MARK
 from kvmux.errors import KvmuxError
 
 __all__ = ["EngineRunError", "run_engine_job"]
+
+
+_ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_.]*(Error|Exception)\b.*")
 
 
 class EngineRunError(KvmuxError):
@@ -44,6 +48,8 @@ def run_engine_job(
             result: dict[str, Any] = json.loads(line[len(RESULT_MARK) :])
             result["log"] = proc.stderr[-20000:]
             return result
-    raise EngineRunError(
-        f"engine job exited with {proc.returncode}:\n{proc.stderr[-6000:]}\n{proc.stdout[-2000:]}"
+    cause = next(
+        (line for line in reversed(proc.stderr.splitlines()) if _ERROR_LINE.match(line)), ""
     )
+    tail = f"{proc.stderr[-6000:]}\n{proc.stdout[-2000:]}"
+    raise EngineRunError(f"engine job exited with {proc.returncode}: {cause}\n{tail}")

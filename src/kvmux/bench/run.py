@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm import tqdm
 
 from kvmux.bench.bars import evaluate_bars
 from kvmux.bench.configs import CONFIGS
@@ -33,7 +33,7 @@ def _guarded(label: str, fn: Callable[[], Any]) -> Any:
     except Exception as exc:
         return {
             "config": label,
-            "error": f"{type(exc).__name__}: {str(exc)[-800:]}",
+            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:800] if str(exc) else ''}",
             "trace": traceback.format_exc()[-2000:],
         }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm import tqdm
 
 from kvmux import codec
 from kvmux.bench.redis_proc import RedisProcess
