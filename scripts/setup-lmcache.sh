@@ -17,3 +17,8 @@ if [ ! -f "$VENV/.kvmux-lmcache" ]; then
   touch "$VENV/.kvmux-lmcache"
 fi
 "$VENV/bin/python" -m pip install -q --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
+# vLLM's CPU kernel-override scan trips over an llvmlite object that LMCache's numba import
+# brings in (see benchmarks/lmcache_shim.py); load the one-object fix in this venv only.
+SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cp benchmarks/lmcache_shim.py "$SITE/kvmux_lmcache_shim.py"
+echo "import kvmux_lmcache_shim" > "$SITE/kvmux_lmcache_shim.pth"
