@@ -87,9 +87,9 @@ class StoreWorker:
             pending = {self._pending[k] for k in skeys if k in self._pending}
         for future in pending:
             future.exception()  # waits; a failed save is simply a miss
-        if self._store.batched_io:
-            return self._guarded("get", self._store.get_many, skeys, [None] * len(skeys))
-        return list(self._readers.map(self._fetch, skeys))
+        if self._store.parallel_reads:
+            return list(self._readers.map(self._fetch, skeys))
+        return self._guarded("get", self._store.get_many, skeys, [None] * len(skeys))
 
     def _fetch(self, skey: bytes) -> bytes | None:
         return self._guarded("get", self._store.get, skey, None)

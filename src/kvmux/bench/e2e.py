@@ -93,6 +93,13 @@ def _source(step: dict[str, Any], before: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+SETTLE_SECONDS = 1.0  # between a cold and a warm request: background saves of every config drain
+PEER_SOURCES = {
+    "vllm-prefix-cache": "vllm prefix cache",
+    "example": "ExampleConnector",
+    "multi-example": "ExampleConnector",
+    "lmcache": "LMCache",
+}
 RESTART_SOURCES = {
     "example": "example (disk)",
     "multi-example": "example (disk)",
@@ -107,7 +114,8 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
     """Workload (a): TTFT cold, warm in the same engine, and warm after a restart."""
     prompts = [runner.tokens(1000 + n, n) for n in runner.plan.lengths]
     reset = [] if config == "vllm-prefix-cache" else [{"op": "reset_prefix_cache"}]
-    steps = [s for p in prompts for s in (_gen([p]), *reset, _gen([p]))]
+    settle = {"op": "sleep", "seconds": SETTLE_SECONDS}
+    steps = [s for p in prompts for s in (_gen([p]), settle, *reset, _gen([p]))]
     first = _generates(runner.run(config, steps))[1:]
     rows = []
     restart = None
@@ -124,15 +132,13 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
             "ttft_warm_s": warm["seconds"],
             "warm_cached_tokens": warm["num_cached_tokens"][0],
             "warm_source": _source(warm, cold["stats"])
-            or ("vllm prefix cache" if warm["num_cached_tokens"][0] else "-"),
+            or (PEER_SOURCES.get(config, "-") if warm["num_cached_tokens"][0] else "-"),
         }
         if restart is not None:
-            again = restart[i]
+            again, before = restart[i + 1], restart[i]  # restart[0] is the warm-up
             row["ttft_restart_s"] = again["seconds"]
             row["restart_cached_tokens"] = again["num_cached_tokens"][0]
-            row["restart_source"] = (
-                _source(again, restart[i - 1]["stats"] if i else {}) or RESTART_SOURCES[config]
-            )
+            row["restart_source"] = _source(again, before["stats"]) or RESTART_SOURCES[config]
         rows.append(row)
     return rows
 
@@ -167,8 +173,13 @@ def _reuse_requests(runner: Runner) -> list[list[int]]:
 def reuse_workload(runner: Runner, config: str) -> dict[str, Any]:
     """Workload (b): TTFT p50/p90, throughput and hit rate per tier with a small engine cache."""
     requests = _reuse_requests(runner)
+    longest = max(len(r) for r in requests) + 256
     run = runner.run(
-        config, [_gen([r]) for r in requests], num_gpu_blocks_override=runner.plan.engine_blocks
+        config,
+        [_gen([r]) for r in requests],
+        num_gpu_blocks_override=runner.plan.engine_blocks,
+        max_model_len=longest,
+        max_num_batched_tokens=longest,
     )
     steps = _generates(run)[1:]
     ttfts = sorted(s["seconds"] for s in steps)

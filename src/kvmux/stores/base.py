@@ -17,6 +17,7 @@ class KVStore(ABC):
     name: str
     capacity: int
     batched_io = False  # True when the *_many methods cost one round trip, not one per key
+    parallel_reads = False  # True when reads block on I/O, so several threads help
 
     @abstractmethod
     def put(self, key: bytes, value: bytes) -> bool:

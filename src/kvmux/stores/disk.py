@@ -27,6 +27,8 @@ _RESCAN_SHARE = 0.1  # rescan the shared directory after writing this share of t
 class DiskStore(KVStore):
     """Directory of entry files within a byte budget."""
 
+    parallel_reads = True
+
     def __init__(self, path: Path, capacity: int, name: str = "disk"):
         self.name = name
         self.capacity = capacity

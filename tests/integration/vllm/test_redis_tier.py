@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +40,14 @@ def baseline(run_job: Callable[..., dict[str, Any]]) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-shared")).start()
-    yield server
-    server.kill()
+def first_engine(run_job, redis_server) -> dict[str, Any]:
+    return run_job([generate(*PROMPTS)], kv=redis_kv(redis_server.url), enable_prefix_caching=False)
 
 
-@pytest.fixture(scope="module")
-def first_engine(run_job, shared_redis) -> dict[str, Any]:
-    return run_job([generate(*PROMPTS)], kv=redis_kv(shared_redis.url), enable_prefix_caching=False)
-
-
-def test_second_engine_hits_what_the_first_computed(first_engine, run_job, shared_redis, baseline):
+def test_second_engine_hits_what_the_first_computed(first_engine, run_job, redis_server, baseline):
     assert results(first_engine)[0]["num_cached_tokens"] == [0, 0, 0]
     second = run_job(
-        [generate(*PROMPTS)], kv=redis_kv(shared_redis.url), enable_prefix_caching=False
+        [generate(*PROMPTS)], kv=redis_kv(redis_server.url), enable_prefix_caching=False
     )
     step = results(second)[0]
     assert step["num_cached_tokens"] == [HITS] * 3
@@ -63,12 +56,12 @@ def test_second_engine_hits_what_the_first_computed(first_engine, run_job, share
     print("cross-engine:", step["num_cached_tokens"], second["stats"]["redis"])
 
 
-def test_another_model_never_sees_these_entries(first_engine, shared_redis, tmp_path: Path):
+def test_another_model_never_sees_these_entries(first_engine, redis_server, tmp_path: Path):
     other = build_random_llama(tmp_path / "other-model", seed=1)
     job = {
         "model": str(other),
         "engine": {**BASE_ENGINE, "enable_prefix_caching": False},
-        "kv": redis_kv(shared_redis.url),
+        "kv": redis_kv(redis_server.url),
         "steps": [generate(*PROMPTS)],
     }
     step = results(run_engine_job(job, env=ENGINE_ENV))[0]
