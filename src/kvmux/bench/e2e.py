@@ -122,7 +122,8 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
     if config in RESTART_SOURCES:
         if config == "kvmux-mux-redis":  # empty the disk tier so the hit must come from Redis
             shutil.rmtree(runner.work / config / "disk", ignore_errors=True)
-        restart = _generates(runner.run(config, [_gen([p]) for p in prompts], fresh=False))
+        again_steps = [s for p in prompts for s in (settle, _gen([p]))]
+        restart = _generates(runner.run(config, again_steps, fresh=False))
     for i, length in enumerate(runner.plan.lengths):
         cold, warm = first[2 * i], first[2 * i + 1]
         row = {
