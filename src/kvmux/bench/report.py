@@ -138,8 +138,69 @@ def _stores_chart(rows: list[dict[str, Any]], out: Path) -> None:
     fig.savefig(out / "stores.png", dpi=120)
 
 
+def _grouped_chart(
+    out: Path, name: str, title: str, rows: list[dict[str, Any]], series: dict[str, str]
+) -> bool:
+    """One bar group per row (by config), one bar per series key; False if nothing to draw."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [
+        r for r in rows if "error" not in r and any(isinstance(r.get(k), float) for k in series)
+    ]
+    if not rows:
+        return False
+    fig = Figure(figsize=(max(7.0, 1.0 * len(rows)), 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / len(series)
+    for n, (key, label) in enumerate(series.items()):
+        values = [float(r.get(key) or 0.0) for r in rows]
+        ax.bar(
+            [i + (n - (len(series) - 1) / 2) * width for i in range(len(rows))],
+            values,
+            width,
+            label=label,
+        )
+    ax.set_xticks(
+        range(len(rows)), [str(r["config"]).replace("kvmux-", "kvmux-\n") for r in rows], fontsize=8
+    )
+    ax.set_ylabel("seconds")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=120)
+    return True
+
+
+def _e2e_charts(data: Mapping[str, Any], out: Path) -> list[str]:
+    lines: list[str] = []
+    long_rows = [r for r in data.get("long_prompts", []) if isinstance(r, dict)]
+    lengths = sorted({r["prompt_tokens"] for r in long_rows if "prompt_tokens" in r})
+    if lengths:
+        length = 4096 if 4096 in lengths else lengths[-1]
+        rows = [r for r in long_rows if r.get("prompt_tokens") == length]
+        series = {
+            "ttft_cold_s": "cold",
+            "ttft_warm_s": "warm, same engine",
+            "ttft_restart_s": "warm, after restart",
+        }
+        if _grouped_chart(out, "ttft.png", f"TTFT of one {length}-token prompt", rows, series):
+            lines += ["![ttft](ttft.png)", ""]
+    reuse = [r for r in data.get("reuse", []) if isinstance(r, dict)]
+    if _grouped_chart(
+        out,
+        "reuse.png",
+        "Multi-turn and RAG reuse: TTFT",
+        reuse,
+        {"ttft_p50_s": "p50", "ttft_p90_s": "p90"},
+    ):
+        lines += ["![reuse](reuse.png)", ""]
+    return lines
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
-    """Write results.json, results.md and PNG charts (stores.png) into ``out``."""
+    """Write results.json, results.md and PNG charts (stores, TTFT, reuse) into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = dict(results)
@@ -155,4 +216,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     for key, value in data.items():
         if key not in ("machine", "stores") and _is_table(value):
             lines += [f"## {key}", "", *_dict_table(value)]
+    charts = _e2e_charts(data, out)
+    if charts:
+        lines += ["## Charts", "", *charts]
     (out / "results.md").write_text("\n".join(lines))
