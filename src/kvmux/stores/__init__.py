@@ -2,7 +2,7 @@
 
 from kvmux.stores.base import KVStore
 from kvmux.stores.disk import DiskStore
-from kvmux.stores.factory import is_worker_local, open_store
+from kvmux.stores.factory import open_store
 from kvmux.stores.memory import MemoryStore
 
-__all__ = ["DiskStore", "KVStore", "MemoryStore", "is_worker_local", "open_store"]
+__all__ = ["DiskStore", "KVStore", "MemoryStore", "open_store"]

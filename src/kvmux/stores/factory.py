@@ -7,7 +7,7 @@ from kvmux.stores.base import KVStore
 from kvmux.stores.disk import DiskStore
 from kvmux.stores.memory import MemoryStore
 
-__all__ = ["is_worker_local", "open_store"]
+__all__ = ["open_store"]
 
 
 def open_store(spec: StoreSpec) -> KVStore:
@@ -21,8 +21,3 @@ def open_store(spec: StoreSpec) -> KVStore:
 
         return RedisStore(spec)
     raise TypeError(f"unknown store spec {spec!r}")
-
-
-def is_worker_local(spec: StoreSpec) -> bool:
-    """True when only the worker process can see the store's contents."""
-    return isinstance(spec, MemorySpec)

@@ -8,7 +8,7 @@ import pytest
 
 from kvmux.config import DiskSpec, MemorySpec, parse_store_spec
 from kvmux.errors import StoreUnavailable
-from kvmux.stores import DiskStore, MemoryStore, is_worker_local, open_store
+from kvmux.stores import DiskStore, MemoryStore, open_store
 
 
 def test_open_memory_store() -> None:
@@ -39,8 +39,3 @@ def test_open_unavailable_disk_store(tmp_path: Path) -> None:
 def test_unknown_spec() -> None:
     with pytest.raises(TypeError):
         open_store(object())  # type: ignore[arg-type]
-
-
-def test_is_worker_local() -> None:
-    assert is_worker_local(MemorySpec(1))
-    assert not is_worker_local(DiskSpec(Path("/tmp"), 1))
