@@ -74,6 +74,10 @@ class SharedStoreView(TierView):
         """Ask the store; a failing store holds nothing."""
         return self.count_prefix([key]) == 1
 
+    def close(self) -> None:
+        """Close the store."""
+        self._store.close()
+
 
 class RemoteStoreView(SharedStoreView):
     """A networked store: lookups run on a thread so a slow server never stalls the scheduler.
@@ -114,8 +118,9 @@ class RemoteStoreView(SharedStoreView):
         return False
 
     def close(self) -> None:
-        """Stop the lookup threads."""
+        """Stop the lookup threads and close the store."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        super().close()
 
 
 class MirrorIndex(TierView):

@@ -99,10 +99,10 @@ class StoreConnector(KVConnectorBase_V1):
         self._last_stats: dict[str, float] = {}
         self._planner: StorePlanner | None = None
         self._worker: StoreWorker | None = None
+        self._view: TierView | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._planner = StorePlanner(
-                self._scheduler_view(kv_cache_config), self._block_size, self._namespace, self.stats
-            )
+            self._view = self._scheduler_view(kv_cache_config)
+            self._planner = StorePlanner(self._view, self._block_size, self._namespace, self.stats)
             self._prefer_recompute()
         else:
             self._worker = StoreWorker(
@@ -230,9 +230,11 @@ class StoreConnector(KVConnectorBase_V1):
         return StoreConnectorStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
-        """Write out queued saves and close the store."""
+        """Write out queued saves and close the store (or the scheduler's view of it)."""
         if self._worker is not None:
             self._worker.close()
+        if self._view is not None:
+            self._view.close()
 
     def reset_cache(self) -> bool | None:
         """Empty the tier's store (worker side) or index (scheduler side)."""
