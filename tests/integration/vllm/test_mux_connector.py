@@ -17,17 +17,23 @@ HEAD = make_prompt(11, 700)  # 5 full blocks below the last token
 LONGER = make_prompt(12, 1300, prefix=HEAD)  # HEAD's blocks, then 5 more
 
 
-def mux_kv(policy: str, disk: Path, **extra: Any) -> dict[str, Any]:
-    tiers = [
-        {"type": "memory", "capacity": "64MiB"},
-        {"type": "disk", "path": str(disk), "capacity": "1GiB"},
-    ]
+def mux(policy: str, tiers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """KVTransferConfig fields of a MuxConnector."""
     return {
         "kv_connector": "MuxConnector",
         "kv_connector_module_path": "kvmux.vllm",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"policy": policy, "tiers": tiers, **extra},
     }
+
+
+def mux_kv(policy: str, disk: Path) -> dict[str, Any]:
+    """MuxConnector over a small memory tier and a disk tier."""
+    tiers = [
+        {"type": "memory", "capacity": "64MiB"},
+        {"type": "disk", "path": str(disk), "capacity": "1GiB"},
+    ]
+    return mux(policy, tiers)
 
 
 def hits(step: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
@@ -103,16 +109,7 @@ def test_mux_with_vllms_example_connector(run_job, tmp_path: Path, baseline) -> 
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "example")},
     }
-    kv = {
-        "kv_connector": "MuxConnector",
-        "kv_connector_module_path": "kvmux.vllm",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "policy": "compose",
-            "connectors": [example],
-            "tiers": [{"type": "memory", "capacity": "64MiB"}],
-        },
-    }
+    kv = mux("compose", [{"type": "memory", "capacity": "64MiB"}], connectors=[example])
     # ExampleConnector crashes on chunked prefill: one chunk holds the whole prompt here
     run = run_job(
         [generate(HEAD), generate(HEAD), {"op": "reset_prefix_cache"}],
@@ -135,17 +132,8 @@ def test_failing_child_never_takes_the_engine_down(run_job, tmp_path: Path, base
             "store": {"type": "memory", "capacity": "64MiB", "name": "failing"}
         },
     }
-    kv = {
-        "kv_connector": "MuxConnector",
-        "kv_connector_module_path": "kvmux.vllm",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "policy": "compose",
-            "connectors": [failing],
-            "tiers": [{"type": "memory", "capacity": "64MiB", "name": "healthy"}],
-            "breaker_seconds": 0.5,
-        },
-    }
+    healthy = [{"type": "memory", "capacity": "64MiB", "name": "healthy"}]
+    kv = mux("compose", healthy, connectors=[failing], breaker_seconds=0.5)
     steps = [generate(HEAD), generate(HEAD), generate(LONGER), generate(LONGER), generate(HEAD)]
     run = run_job(steps, kv=kv, enable_prefix_caching=False)
     outs = results(run)
