@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvmux.index import TierView
 from kvmux.keys import BlockKey, block_keys
@@ -30,7 +30,6 @@ class _RequestState:
     saved_upto: int = 0  # blocks below this index are saved or known present
     lookup: tuple[int, int] | None = None  # (num_computed_tokens, hit blocks) of the last lookup
     load: range | None = None  # block indices to load
-    load_block_ids: list[int] = field(default_factory=list)
 
 
 class StorePlanner:
