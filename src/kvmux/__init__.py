@@ -12,7 +12,7 @@ from kvmux.config import (
     parse_store_spec,
 )
 from kvmux.errors import ConfigError, CorruptEntry, KvmuxError, StoreError, StoreUnavailable
-from kvmux.metrics import TierStats, stats_snapshot
+from kvmux.metrics import TierStats
 from kvmux.stores import DiskStore, KVStore, MemoryStore, open_store
 
 __version__ = "0.1.0"
@@ -35,5 +35,4 @@ __all__ = [
     "parse_capacity",
     "parse_store_connector_config",
     "parse_store_spec",
-    "stats_snapshot",
 ]

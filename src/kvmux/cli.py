@@ -13,7 +13,7 @@ DEFAULT_DIR = Path.home() / ".cache" / "kvmux"
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from kvmux.demo import format_table, run_demo
+    from kvmux.tools.demo import format_table, run_demo
 
     print(
         f"kvmux demo: building the model and starting vLLM twice (workdir {args.dir})", flush=True
@@ -24,9 +24,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from kvmux.bench.bars import format_bars
-    from kvmux.bench.configs import CONFIGS
-    from kvmux.bench.run import run_bench
+    from kvmux.tools.bench.bars import format_bars
+    from kvmux.tools.bench.configs import CONFIGS
+    from kvmux.tools.bench.run import run_bench
 
     configs = tuple(args.configs.split(",")) if args.configs else CONFIGS
     unknown = set(configs) - set(CONFIGS)

@@ -1,4 +1,9 @@
-"""Typed, frozen configuration parsed once from the connector's extra config."""
+"""Typed, frozen configuration of both connectors, parsed once from their extra config.
+
+StoreConnector takes one store spec (``parse_store_connector_config``); MuxConnector takes
+children, a load policy and breaker settings (``parse_mux_config``). Every error is a
+ConfigError that names the key and the accepted values.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +17,20 @@ from typing import Any
 from kvmux.errors import ConfigError
 
 __all__ = [
+    "INHERITED",
+    "POLICIES",
+    "ChildConfig",
     "DiskSpec",
     "MemorySpec",
+    "MuxConfig",
     "RedisSpec",
     "StoreConnectorConfig",
     "StoreSpec",
     "parse_capacity",
+    "parse_mux_config",
     "parse_store_connector_config",
     "parse_store_spec",
+    "store_child",
 ]
 
 _UNITS = {
@@ -124,6 +135,11 @@ _STORE_KEYS: dict[str, frozenset[str]] = {
 }
 
 
+def _path(where: str, key: str) -> str:
+    """The dotted name of ``key`` inside ``where`` (top level when ``where`` is empty)."""
+    return f"{where}.{key}" if where else key
+
+
 def _require_mapping(value: Any, key: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(key, f"expected a mapping, got {type(value).__name__}")
@@ -133,12 +149,12 @@ def _require_mapping(value: Any, key: str) -> Mapping[str, Any]:
 def _check_keys(spec: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
     for name in spec:
         if name not in allowed:
-            raise ConfigError(f"{where}.{name}", "unknown key", allowed)
+            raise ConfigError(_path(where, name), "unknown key", allowed)
 
 
 def _required(spec: Mapping[str, Any], name: str, where: str) -> Any:
     if name not in spec:
-        raise ConfigError(f"{where}.{name}", "missing required key")
+        raise ConfigError(_path(where, name), "missing required key")
     return spec[name]
 
 
@@ -169,11 +185,18 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
     )
 
 
-def _number(spec: Mapping[str, Any], key: str, default: float, where: str) -> float:
+def _positive_number(spec: Mapping[str, Any], key: str, default: float, where: str) -> float:
     value = spec.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{where}.{key}", f"expected a positive number, got {value!r}")
+        raise ConfigError(_path(where, key), f"expected a positive number, got {value!r}")
     return float(value)
+
+
+def _boolean(spec: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = spec.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(_path(where, key), f"expected a boolean, got {value!r}", "true, false")
+    return value
 
 
 def _optional_str(spec: Mapping[str, Any], key: str, where: str) -> str | None:
@@ -188,9 +211,7 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
     schemes = ("redis://", "rediss://", "unix://")
     if not isinstance(url, str) or not url.startswith(schemes):
         raise ConfigError(f"{where}.url", f"bad URL {url!r}", schemes)
-    cluster = spec.get("cluster", False)
-    if not isinstance(cluster, bool):
-        raise ConfigError(f"{where}.cluster", f"expected a boolean, got {cluster!r}", "true, false")
+    cluster = _boolean(spec, "cluster", False, where)
     prefix = spec.get("key_prefix", "kvmux:")
     if not isinstance(prefix, str) or any(c in prefix for c in "{}"):
         raise ConfigError(f"{where}.key_prefix", f"bad prefix {prefix!r}", "a string without { }")
@@ -203,8 +224,8 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
         cluster=cluster,
         key_prefix=prefix,
         ttl_seconds=ttl,
-        socket_timeout=_number(spec, "socket_timeout", 0.5, where),
-        connect_timeout=_number(spec, "connect_timeout", 0.5, where),
+        socket_timeout=_positive_number(spec, "socket_timeout", 0.5, where),
+        connect_timeout=_positive_number(spec, "connect_timeout", 0.5, where),
         max_value_size=parse_capacity(
             spec.get("max_value_size", "64MiB"), f"{where}.max_value_size"
         ),
@@ -213,8 +234,8 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
         ca_cert=_optional_str(spec, "ca_cert", where),
         cert=_optional_str(spec, "cert", where),
         key=_optional_str(spec, "key", where),
-        lookup_wait=_number(spec, "lookup_wait", 0.005, where),
-        breaker_seconds=_number(spec, "breaker_seconds", 1.0, where),
+        lookup_wait=_positive_number(spec, "lookup_wait", 0.005, where),
+        breaker_seconds=_positive_number(spec, "breaker_seconds", 1.0, where),
     )
 
 
@@ -234,7 +255,100 @@ def parse_store_connector_config(raw: Any) -> StoreConnectorConfig:
     extra = _require_mapping(raw if raw is not None else {}, "kv_connector_extra_config")
     _check_keys(extra, _CONNECTOR_KEYS, "kv_connector_extra_config")
     store = parse_store_spec(_required(extra, "store", "kv_connector_extra_config"), "store")
-    fail = extra.get("fail_on_load_error", False)
-    if not isinstance(fail, bool):
-        raise ConfigError("fail_on_load_error", f"expected a boolean, got {fail!r}", "true, false")
+    fail = _boolean(extra, "fail_on_load_error", False, "")
     return StoreConnectorConfig(store=store, fail_on_load_error=fail)
+
+
+# -- MuxConnector ----------------------------------------------------------------
+
+POLICIES = ("first", "longest", "compose")
+INHERITED = ("engine_id", "kv_role", "kv_buffer_device", "kv_load_failure_policy")
+_MUX_KEYS = frozenset(
+    {
+        "connectors",
+        "tiers",
+        "policy",
+        "breaker_seconds",
+        "breaker_max_seconds",
+        "fail_on_load_error",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ChildConfig:
+    """One child: KVTransferConfig fields exactly as vLLM's MultiConnector takes them."""
+
+    fields: Mapping[str, Any]
+    label: str  # "<position>:<name>", unique, used in logs and stats
+
+
+@dataclass(frozen=True)
+class MuxConfig:
+    """Children in load order, the load policy and the breaker's back-off."""
+
+    children: tuple[ChildConfig, ...]
+    policy: str = "first"  # first | longest | compose
+    breaker_seconds: float = 5.0  # first back-off after a child fails
+    breaker_max_seconds: float = 60.0  # back-off doubles per failure up to this
+    fail_on_load_error: bool = False  # keep vLLM's "fail" policy instead of recompute
+
+
+def store_child(store: Mapping[str, Any]) -> dict[str, Any]:
+    """KVTransferConfig fields of a StoreConnector child over one kvmux store spec."""
+    return {
+        "kv_connector": "StoreConnector",
+        "kv_connector_module_path": "kvmux.vllm",
+        "kv_connector_extra_config": {"store": dict(store)},
+    }
+
+
+def _child_name(fields: Mapping[str, Any]) -> str:
+    extra = fields.get("kv_connector_extra_config") or {}
+    store = extra.get("store") if isinstance(extra, Mapping) else None
+    if fields.get("kv_connector") == "StoreConnector" and isinstance(store, Mapping):
+        return str(store.get("name") or store.get("type"))
+    return str(fields.get("kv_connector"))
+
+
+def _children(extra: Mapping[str, Any], inherited: Mapping[str, Any]) -> tuple[ChildConfig, ...]:
+    raw: list[dict[str, Any]] = []
+    tiers = extra.get("tiers", [])
+    if not isinstance(tiers, list):
+        raise ConfigError("tiers", "expected a list of store specs")
+    for i, tier in enumerate(tiers):
+        parse_store_spec(tier, f"tiers[{i}]")
+        raw.append(store_child(tier))
+    connectors = extra.get("connectors", [])
+    if not isinstance(connectors, list):
+        raise ConfigError("connectors", "expected a list of KVTransferConfig mappings")
+    for i, child in enumerate(connectors):
+        if not isinstance(child, Mapping) or not child.get("kv_connector"):
+            raise ConfigError(f"connectors[{i}].kv_connector", "missing connector name")
+        raw.append(dict(child))
+    if not raw:
+        raise ConfigError(
+            "connectors", "MuxConnector needs at least one child", "tiers, connectors"
+        )
+    children = []
+    for position, fields in enumerate(raw):
+        merged = {k: v for k, v in inherited.items() if v is not None and k not in fields}
+        merged.update(fields)
+        children.append(ChildConfig(merged, f"{position}:{_child_name(fields)}"))
+    return tuple(children)
+
+
+def parse_mux_config(raw: Any, inherited: Mapping[str, Any]) -> MuxConfig:
+    """Parse MuxConnector's extra config; ``inherited`` are the top-level fields children get."""
+    extra = _require_mapping(raw, "kv_connector_extra_config")
+    _check_keys(extra, _MUX_KEYS, "")
+    policy = extra.get("policy", "first")
+    if policy not in POLICIES:
+        raise ConfigError("policy", f"unknown policy {policy!r}", POLICIES)
+    return MuxConfig(
+        children=_children(extra, inherited),
+        policy=policy,
+        breaker_seconds=_positive_number(extra, "breaker_seconds", 5.0, ""),
+        breaker_max_seconds=_positive_number(extra, "breaker_max_seconds", 60.0, ""),
+        fail_on_load_error=_boolean(extra, "fail_on_load_error", False, ""),
+    )

@@ -1,11 +1,18 @@
-"""Per-tier counters, shared by the scheduler and worker halves of a connector."""
+"""Counters of one tier, owned by the connector instance that counts them.
+
+Each StoreConnector (scheduler or worker) holds its own TierStats: the scheduler counts
+lookups and offered tokens, the workers count loads and saves. Nothing is shared through
+process-wide state, so the figures do not depend on which process runs which half.
+"""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, fields
 
-__all__ = ["TierStats", "stats_for", "stats_snapshot"]
+__all__ = ["GAUGES", "TierStats"]
+
+GAUGES = frozenset({"stored_bytes", "peak_stored_bytes"})  # levels: maxed, never summed
 
 
 @dataclass
@@ -43,20 +50,3 @@ class TierStats:
         """A plain copy of the counters."""
         with self._lock:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
-
-
-_registry: dict[str, TierStats] = {}
-_registry_lock = threading.Lock()
-
-
-def stats_for(name: str) -> TierStats:
-    """The process-wide counters of the tier called ``name``."""
-    with _registry_lock:
-        return _registry.setdefault(name, TierStats())
-
-
-def stats_snapshot() -> dict[str, dict[str, float]]:
-    """Counters of every tier in this process, by tier name."""
-    with _registry_lock:
-        items = list(_registry.items())
-    return {name: stats.snapshot() for name, stats in items}

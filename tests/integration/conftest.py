@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kvmux.engine import run_engine_job
-from kvmux.models import build_random_llama
+from kvmux.tools.engine import run_engine_job
+from kvmux.tools.models import build_random_llama
 
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(os.cpu_count() or 2)}
 BASE_ENGINE = {"max_num_batched_tokens": 256, "max_num_seqs": 8, "dtype": "float32"}

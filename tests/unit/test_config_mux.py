@@ -1,4 +1,4 @@
-"""kvmux.mux.config: MuxConnector's extra config.
+"""kvmux.config: MuxConnector's extra config.
 
 (Named test_mux_config.py, not test_config.py: tests/unit has no __init__.py files, so a
 second test_config.py basename collides with tests/unit/test_config.py under pytest's
@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvmux.errors import ConfigError
-from kvmux.mux.config import (
+from kvmux.config import (
     INHERITED,
     POLICIES,
     ChildConfig,
@@ -21,6 +20,7 @@ from kvmux.mux.config import (
     parse_mux_config,
     store_child,
 )
+from kvmux.errors import ConfigError
 
 MEMORY = {"type": "memory", "capacity": "1MiB"}
 DISK = {"type": "disk", "path": "/tmp/kvmux-unit-disk", "capacity": "1GiB"}

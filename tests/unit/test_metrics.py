@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from kvmux.errors import ConfigError, CorruptEntry, KvmuxError, StoreError, StoreUnavailable
-from kvmux.metrics import TierStats, stats_for, stats_snapshot
+from kvmux.metrics import GAUGES, TierStats
 
 
 def test_add_and_snapshot() -> None:
@@ -36,13 +36,20 @@ def test_concurrent_adds_are_not_lost() -> None:
     assert stats.bytes_saved == 160000
 
 
-def test_registry() -> None:
-    name = "kvmux-unit-test-tier"
-    first = stats_for(name)
-    assert stats_for(name) is first
-    first.add(lookups=5)
-    assert stats_snapshot()[name]["lookups"] == 5
-    assert stats_for("kvmux-unit-test-other") is not first
+def test_counters_belong_to_their_instance() -> None:
+    one, other = TierStats(), TierStats()
+    one.add(lookups=5)
+    assert other.snapshot()["lookups"] == 0
+    assert one.snapshot()["lookups"] == 5
+
+
+def test_observe_stored_keeps_the_peak() -> None:
+    stats = TierStats()
+    stats.observe_stored(300)
+    stats.observe_stored(100)
+    snapshot = stats.snapshot()
+    assert (snapshot["stored_bytes"], snapshot["peak_stored_bytes"]) == (100, 300)
+    assert {"stored_bytes", "peak_stored_bytes"} == GAUGES
 
 
 def test_error_tree() -> None:

@@ -25,7 +25,6 @@ def test_top_level_public_names() -> None:
             "parse_capacity",
             "parse_store_connector_config",
             "parse_store_spec",
-            "stats_snapshot",
         ]
     )
     assert all(hasattr(kvmux, name) for name in kvmux.__all__)

@@ -1,1 +1,1 @@
-"""Pure-Python parts of MuxConnector: config, load selection, breakers, finish accounting."""
+"""MuxConnector's halves without vLLM: scheduler bookkeeping, worker step state, guards."""

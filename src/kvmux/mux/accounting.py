@@ -21,10 +21,6 @@ class FinishTracker:
         if owed:
             self._waiting.setdefault(req_id, set()).update(owed)
 
-    def is_waiting(self, req_id: str) -> bool:
-        """Whether some child still owes ``req_id``."""
-        return req_id in self._waiting
-
     def report(self, child: int, req_ids: Iterable[str], failed: bool = False) -> set[str]:
         """Child ``child`` finished ``req_ids``; returns the requests now complete."""
         done: set[str] = set()

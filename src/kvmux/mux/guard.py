@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kvmux.mux.breaker import CircuitBreaker
+from kvmux.policies.breaker import CircuitBreaker
 
-__all__ = ["ChildGuard", "guards_snapshot", "succeeded"]
+__all__ = ["ChildGuard", "succeeded"]
 
 log = logging.getLogger("kvmux.mux")
-_live_guards: weakref.WeakSet[ChildGuard] = weakref.WeakSet()
 T = TypeVar("T")
 _COUNTERS = (
     "lookups",
@@ -41,12 +39,10 @@ def succeeded(fn: Callable[..., object], *args: object) -> Callable[[], bool]:
 class ChildGuard:
     """Breaker, counters and once-per-burst logging of one child."""
 
-    def __init__(self, label: str, breaker: CircuitBreaker, side: str = ""):
+    def __init__(self, label: str, breaker: CircuitBreaker):
         self.label = label
-        self.side = side  # "SCHEDULER" or "WORKER", for the process-wide snapshot
-        self.lifetime: dict[str, float] = defaultdict(float)
-        _live_guards.add(self)
         self.breaker = breaker
+        self.lifetime: dict[str, float] = defaultdict(float)  # closed intervals, added up
         self.counters: dict[str, float] = defaultdict(float)
         self._logged_hooks: set[str] = set()
         self._reported_trips = 0  # breaker trips already counted in an earlier interval
@@ -113,15 +109,11 @@ class ChildGuard:
         self.counters.clear()
         self._reported_trips = self.breaker.trips
 
-
-def guards_snapshot() -> dict[str, dict[str, float]]:
-    """Lifetime counters of every child guard in this process, by side and label."""
-    snapshot: dict[str, dict[str, float]] = {}
-    for guard in list(_live_guards):
-        totals = dict(guard.lifetime)
-        for name, value in guard.counters.items():
+    def totals(self) -> dict[str, float]:
+        """Counters since the guard was made, plus the breaker's trips and state."""
+        totals = dict(self.lifetime)
+        for name, value in self.counters.items():
             totals[name] = totals.get(name, 0.0) + value
-        totals["breaker_trips"] = float(guard.breaker.trips)
-        totals["breaker_open"] = 0.0 if guard.breaker.state == "closed" else 1.0
-        snapshot[f"{guard.side}/{guard.label}"] = totals
-    return snapshot
+        totals["breaker_trips"] = float(self.breaker.trips)
+        totals["breaker_open"] = 0.0 if self.breaker.state == "closed" else 1.0
+        return totals

@@ -9,7 +9,7 @@ from typing import Any
 from kvmux.errors import KvmuxError
 from kvmux.mux.guard import ChildGuard, succeeded
 from kvmux.mux.plan import MuxStepPlan
-from kvmux.mux.selection import Contribution, Offer, select
+from kvmux.policies.selection import Contribution, Offer, select
 
 __all__ = ["MuxScheduler", "TransferParamsClash"]
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from kvmux.config import RedisSpec
 from kvmux.errors import ConfigError, StoreError, StoreUnavailable
-from kvmux.mux.breaker import CircuitBreaker
+from kvmux.policies.breaker import CircuitBreaker
 from kvmux.stores.base import KVStore
 
 __all__ = ["RedisStore"]

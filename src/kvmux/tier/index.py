@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 class TierView(ABC):
     """What the scheduler may ask about a tier."""
 
-    cheap_contains = True  # False: the planner skips per-block checks; the worker dedups
+    cheap_contains = True  # False: the tier scheduler skips per-block checks; the worker dedups
 
     @abstractmethod
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kvmux.keys import BlockKey
 
-__all__ = ["BlockTransfer", "StepPlan"]
+__all__ = ["BlockTransfer", "TierStepPlan"]
 
 
 @dataclass(frozen=True)
@@ -18,13 +18,9 @@ class BlockTransfer:
 
 
 @dataclass
-class StepPlan:
+class TierStepPlan:
     """Loads to run before the forward pass, saves and evictions after it."""
 
     loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
     evictions: list[BlockKey] = field(default_factory=list)
-
-    def is_empty(self) -> bool:
-        """True when the worker has nothing to do this step."""
-        return not (self.loads or self.saves or self.evictions)

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvmux.index import TierView
 from kvmux.keys import BlockKey, block_keys
 from kvmux.metrics import TierStats
-from kvmux.plan import BlockTransfer, StepPlan
+from kvmux.tier.index import TierView
+from kvmux.tier.plan import BlockTransfer, TierStepPlan
 
-__all__ = ["ScheduledRequest", "StorePlanner"]
+__all__ = ["ScheduledRequest", "TierScheduler"]
 
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """What the planner needs of one request scheduled this step."""
+    """What the tier scheduler needs of one request scheduled this step."""
 
     req_id: str
     num_computed_tokens: int  # tokens already in the KV cache before this step
@@ -32,7 +32,7 @@ class _RequestState:
     load: range | None = None  # block indices to load
 
 
-class StorePlanner:
+class TierScheduler:
     """Decides, per request, what to load from and save to one tier."""
 
     def __init__(self, view: TierView, block_size: int, namespace: bytes, stats: TierStats):
@@ -81,9 +81,9 @@ class StorePlanner:
             self._pending_loads.append(BlockTransfer(state.keys[index], block_ids[index]))
         state.load = range(start, start + count)
 
-    def build(self, scheduled: Iterable[ScheduledRequest]) -> StepPlan:
+    def build(self, scheduled: Iterable[ScheduledRequest]) -> TierStepPlan:
         """The step's plan: pending loads, plus saves of every newly full prompt block."""
-        plan = StepPlan(loads=self._pending_loads)
+        plan = TierStepPlan(loads=self._pending_loads)
         self._pending_loads = []
         for request in scheduled:
             state = self._requests.get(request.req_id)

@@ -52,11 +52,6 @@ class BlockMover:
         self.layer_specs = tuple(specs)
         self.device = self._layers[0].device if self._layers else torch.device("cpu")
 
-    @property
-    def entry_payload_bytes(self) -> int:
-        """Payload bytes of one block over all layers."""
-        return sum(spec.nbytes for spec in self.layer_specs)
-
     def copy_out(self, block_ids: Sequence[int]) -> list[torch.Tensor]:
         """Host copies, one per layer, shaped ``[len(block_ids), *block_shape]``."""
         index = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)

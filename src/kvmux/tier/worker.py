@@ -16,18 +16,18 @@ from kvmux import codec
 from kvmux.errors import CorruptEntry, StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
-from kvmux.plan import BlockTransfer, StepPlan
 from kvmux.stores.base import KVStore
-from kvmux.transfer import BlockMover
+from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.transfer import BlockMover
 
-__all__ = ["StoreWorker"]
+__all__ = ["TierWorker"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _READERS = 4
 
 
-class StoreWorker:
+class TierWorker:
     """Moves blocks between one store and the engine's KV cache for one rank."""
 
     def __init__(self, store: KVStore, namespace: bytes, rank: int, stats: TierStats):
@@ -137,7 +137,7 @@ class StoreWorker:
 
     # -- saves ---------------------------------------------------------------
 
-    def save(self, plan: StepPlan) -> None:
+    def save(self, plan: TierStepPlan) -> None:
         """Copy the planned blocks out now; encode and write them off the critical path."""
         if self._mover is None or not (plan.saves or plan.evictions):
             return

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvmux.engine import run_engine_job
-from kvmux.models import MODEL_SIZES, build_random_llama
+from kvmux.tools.engine import run_engine_job
+from kvmux.tools.models import MODEL_SIZES, build_random_llama
 
 __all__ = ["DemoRow", "run_demo"]
 

@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvmux._runner import RESULT_MARK
 from kvmux.errors import KvmuxError
+from kvmux.tools.runner import RESULT_MARK
 
 __all__ = ["EngineRunError", "run_engine_job"]
 
@@ -30,13 +30,13 @@ def run_engine_job(
     timeout: float = 900,
     python: str | None = None,
 ) -> dict[str, Any]:
-    """Run ``job`` (see ``kvmux._runner``) in a fresh process; return its result."""
+    """Run ``job`` (see ``kvmux.tools.runner``) in a fresh process; return its result."""
     with tempfile.TemporaryDirectory(prefix="kvmux-job-") as tmp:
         job_file = Path(tmp) / "job.json"
         job_file.write_text(json.dumps(job))
         child_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
         proc = subprocess.run(
-            [python or sys.executable, "-m", "kvmux._runner", str(job_file)],
+            [python or sys.executable, "-m", "kvmux.tools.runner", str(job_file)],
             capture_output=True,
             text=True,
             env=child_env,

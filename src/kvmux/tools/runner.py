@@ -1,18 +1,23 @@
 """Run one vLLM engine through a scripted job, in its own process, and print JSON.
 
 Used by the demo, the integration tests and the benchmarks:
-``python -m kvmux._runner JOB.json`` prints one JSON document on its last line.
-The engine core runs in this process so that kvmux's per-tier counters can be read.
+``python -m kvmux.tools.runner JOB.json`` prints one JSON document on its last line.
+The engine core runs in this process so that the connectors' counters can be read: each
+step's ``stats`` are the tiers' counters by tier name (scheduler and worker halves added
+up), and the job's ``mux`` are MuxConnector's per-child counters by side and label.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from kvmux.metrics import GAUGES, TierStats
 
 RESULT_MARK = "KVMUX-RESULT "
 
@@ -34,8 +39,6 @@ def _make_llm(job: dict[str, Any]) -> Any:
 def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams, TokensPrompt
 
-    from kvmux.metrics import stats_snapshot
-
     params = SamplingParams(temperature=0, max_tokens=step.get("max_tokens", 8), detokenize=False)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in step["prompts"]]
     started = time.perf_counter()
@@ -45,7 +48,7 @@ def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
         "seconds": elapsed,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "num_cached_tokens": [int(o.num_cached_tokens or 0) for o in outputs],
-        "stats": stats_snapshot(),
+        "stats": _tier_counters(llm),
     }
 
 
@@ -133,15 +136,63 @@ def _children_of(connector: Any) -> list[Any]:
     return list(getattr(connector, "_connectors", []))
 
 
-def _instrument(llm: Any) -> dict[str, Any]:
-    """Time every hook of the top-level connectors and of their children."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
+def _sides(llm: Any) -> dict[str, Any]:
+    """The top-level connector of each side (None without a KV transfer config)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler.connector
-    worker = get_kv_transfer_group()
+    worker = get_kv_transfer_group() if has_kv_transfer_group() else None
+    return {"SCHEDULER": scheduler, "WORKER": worker}
+
+
+def _walk(connector: Any) -> list[Any]:
+    """A connector and every connector below it."""
+    if connector is None:
+        return []
+    found = [connector]
+    for child in _children_of(connector):
+        found.extend(_walk(child))
+    return found
+
+
+def _merge(snapshots: list[dict[str, float]]) -> dict[str, float]:
+    """Counters of several halves of one tier added up; levels (gauges) take the highest."""
+    merged: dict[str, float] = {}
+    for snapshot in snapshots:
+        for name, value in snapshot.items():
+            combine = max if name in GAUGES else operator.add
+            merged[name] = combine(merged.get(name, 0), value)
+    return merged
+
+
+def _tier_counters(llm: Any) -> dict[str, dict[str, float]]:
+    """Every kvmux tier's counters by tier name, both halves added up."""
+    halves: dict[str, list[dict[str, float]]] = {}
+    for side in _sides(llm).values():
+        for connector in _walk(side):
+            if isinstance(getattr(connector, "stats", None), TierStats):
+                halves.setdefault(connector.tier_name, []).append(connector.stats.snapshot())
+    return {name: _merge(snapshots) for name, snapshots in halves.items()}
+
+
+def _mux_counters(llm: Any) -> dict[str, dict[str, float]]:
+    """MuxConnector's per-child counters, by side and child label."""
+    counters: dict[str, dict[str, float]] = {}
+    for side, top in _sides(llm).items():
+        for connector in _walk(top):
+            if hasattr(connector, "child_counters"):
+                for label, totals in connector.child_counters().items():
+                    counters[f"{side}/{label}"] = totals
+    return counters
+
+
+def _instrument(llm: Any) -> dict[str, Any]:
+    """Time every hook of the top-level connectors and of their children."""
+    sides = _sides(llm)
+    scheduler = sides["SCHEDULER"]
     for side, top, hooks in (
         ("scheduler", scheduler, SCHEDULER_HOOKS),
-        ("worker", worker, WORKER_HOOKS),
+        ("worker", sides["WORKER"], WORKER_HOOKS),
     ):
         for child in _children_of(top):
             for name in hooks:
@@ -165,8 +216,6 @@ def _corrupt(step: dict[str, Any]) -> dict[str, Any]:
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Start the engine, run every step, return the results."""
-    from kvmux.metrics import stats_snapshot
-
     started = time.perf_counter()
     llm = _make_llm(job)
     results: list[dict[str, Any]] = [{"op": "start", "seconds": time.perf_counter() - started}]
@@ -191,14 +240,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         elif op == "corrupt":
             result = _corrupt(step)
         elif op == "stats":
-            result = {"stats": stats_snapshot()}
+            result = {"stats": _tier_counters(llm)}
         else:
             raise ValueError(f"unknown step op {op!r}")
         result["op"] = op
         results.append(result)
-    from kvmux.mux.guard import guards_snapshot
-
-    return {"steps": results, "stats": stats_snapshot(), "mux": guards_snapshot()}
+    return {"steps": results, "stats": _tier_counters(llm), "mux": _mux_counters(llm)}
 
 
 def main() -> None:

@@ -1,4 +1,7 @@
-"""Everything about an engine that changes the bytes of a KV block."""
+"""What kvmux reads from the engine's config, and the one setting it changes there.
+
+The namespace names everything about an engine that changes the bytes of a KV block.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,15 @@ from blake3 import blake3
 from kvmux.errors import ConfigError
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import KVTransferConfig, VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-__all__ = ["block_size_of", "engine_namespace", "payload_bytes_per_block"]
+__all__ = [
+    "block_size_of",
+    "engine_namespace",
+    "payload_bytes_per_block",
+    "prefer_recompute",
+]
 
 
 def _single_group(kv_cache_config: KVCacheConfig) -> Any:
@@ -70,3 +78,9 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
         "cpu_isa": torch.backends.cpu.get_cpu_capability() if device == "cpu" else "",
         "kv_cache_layout": str(getattr(vllm_config, "kv_cache_layout", "") or ""),
     }
+
+
+def prefer_recompute(kv_transfer_config: KVTransferConfig, fail_on_load_error: bool) -> None:
+    """A best-effort cache: a failed load is recomputed unless the user asked to fail."""
+    if not fail_on_load_error:
+        kv_transfer_config.kv_load_failure_policy = "recompute"

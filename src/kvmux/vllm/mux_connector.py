@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -23,14 +21,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     supports_hma,
 )
 
+from kvmux.config import parse_mux_config
 from kvmux.errors import ConfigError
-from kvmux.mux.breaker import CircuitBreaker
-from kvmux.mux.config import INHERITED, MuxConfig, parse_mux_config
 from kvmux.mux.guard import ChildGuard
-from kvmux.mux.plan import MuxStepPlan
-from kvmux.mux.scheduler_side import MuxScheduler
-from kvmux.mux.worker_side import MuxWorker
-from kvmux.vllm.mux_stats import MuxConnectorStats, MuxPromMetrics
+from kvmux.mux.scheduler import MuxScheduler
+from kvmux.mux.worker import MuxWorker
+from kvmux.policies.breaker import CircuitBreaker
+from kvmux.vllm.children import child_classes, mux_config
+from kvmux.vllm.engine_config import prefer_recompute
+from kvmux.vllm.metadata import MuxMetadata, MuxWorkerMetadata
+from kvmux.vllm.stats import MuxConnectorStats, MuxPromMetrics
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -42,56 +42,10 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["MuxConnector", "MuxMetadata", "MuxWorkerMetadata"]
+__all__ = ["MuxConnector"]
 
 log = logging.getLogger("kvmux.mux")
 STATS_LOG_SECONDS = 60.0
-
-
-@dataclass
-class MuxMetadata(KVConnectorMetadata):
-    """Each child's metadata in order (None: the child is skipped), plus the mux's plan."""
-
-    children: tuple[KVConnectorMetadata | None, ...]
-    plan: MuxStepPlan = field(default_factory=MuxStepPlan)
-
-
-@dataclass
-class MuxWorkerMetadata(KVConnectorWorkerMetadata):
-    """Each child's worker metadata in order, plus children whose worker breaker is open."""
-
-    children: tuple[KVConnectorWorkerMetadata | None, ...]
-    open_children: frozenset[int] = frozenset()
-
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        """Combine child by child."""
-        assert isinstance(other, MuxWorkerMetadata)
-        merged = tuple(
-            a if b is None else b if a is None else a.aggregate(b)
-            for a, b in zip(self.children, other.children, strict=True)
-        )
-        return MuxWorkerMetadata(merged, self.open_children | other.open_children)
-
-
-def _mux_config(vllm_config: VllmConfig) -> MuxConfig:
-    ktc = vllm_config.kv_transfer_config
-    assert ktc is not None
-    inherited = {name: getattr(ktc, name) for name in INHERITED}
-    return parse_mux_config(ktc.kv_connector_extra_config, inherited)
-
-
-def _child_classes(vllm_config: VllmConfig) -> list[tuple[str, type[Any], Any]]:
-    """(label, class, child VllmConfig) for every configured child."""
-    children = []
-    for child in _mux_config(vllm_config).children:
-        temp = copy.copy(vllm_config)
-        try:
-            temp.kv_transfer_config = KVTransferConfig(**child.fields)
-            cls = KVConnectorFactory.get_connector_class(temp.kv_transfer_config)
-        except (ValueError, TypeError, ImportError, AttributeError) as exc:
-            raise ConfigError(f"connectors[{child.label}]", f"cannot load child: {exc}") from exc
-        children.append((child.label, cls, temp))
-    return children
 
 
 class MuxConnector(KVConnectorBase_V1):
@@ -101,13 +55,13 @@ class MuxConnector(KVConnectorBase_V1):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self.config = _mux_config(vllm_config)
+        self.config = mux_config(vllm_config)
         self._children: list[KVConnectorBase_V1] = []
         self._guards: list[ChildGuard] = []
-        for label, cls, temp in _child_classes(vllm_config):
+        for label, cls, temp in child_classes(vllm_config):
             self._children.append(cls(temp, role, kv_cache_config))
             breaker = CircuitBreaker(self.config.breaker_seconds, self.config.breaker_max_seconds)
-            self._guards.append(ChildGuard(label, breaker, role.name))
+            self._guards.append(ChildGuard(label, breaker))
         offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
         block_size = int(vllm_config.cache_config.block_size)
         self._scheduler = MuxScheduler(
@@ -116,8 +70,7 @@ class MuxConnector(KVConnectorBase_V1):
         self._worker = MuxWorker(self._children, self._guards)
         self._meta: MuxMetadata | None = None
         self._last_stats_log = time.monotonic()
-        if not self.config.fail_on_load_error:
-            self._kv_transfer_config.kv_load_failure_policy = "recompute"
+        prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         labels = ", ".join(g.label for g in self._guards)
         log.info("kvmux MuxConnector (%s, policy %s): %s", role.name, self.config.policy, labels)
 
@@ -151,7 +104,7 @@ class MuxConnector(KVConnectorBase_V1):
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         """The children's common layout requirement; a mismatch is a ConfigError."""
         wanted: dict[str, str] = {}
-        for label, child_cls, temp in _child_classes(vllm_config):
+        for label, child_cls, temp in child_classes(vllm_config):
             layout = child_cls.get_required_kvcache_layout(temp)
             if layout is not None:
                 wanted[label] = layout
@@ -185,7 +138,7 @@ class MuxConnector(KVConnectorBase_V1):
         per_engine_labelvalues: Any,
     ) -> MuxPromMetrics:
         """Prometheus counters per child, labelled by the child's position and name."""
-        children = [label for label, _, _ in _child_classes(vllm_config)]
+        children = [label for label, _, _ in child_classes(vllm_config)]
         return MuxPromMetrics(
             vllm_config, metric_types, labelnames, per_engine_labelvalues, children
         )
@@ -458,6 +411,10 @@ class MuxConnector(KVConnectorBase_V1):
         stats = MuxConnectorStats(data=data)
         self._maybe_log(stats)
         return None if stats.is_empty() else stats
+
+    def child_counters(self) -> dict[str, dict[str, float]]:
+        """Each child's counters since start, by label, as this side of the mux saw them."""
+        return {guard.label: guard.totals() for guard in self._guards}
 
     def _maybe_log(self, stats: MuxConnectorStats) -> None:
         now = time.monotonic()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,15 +19,21 @@ from kvmux.config import (
     StoreConnectorConfig,
     parse_store_connector_config,
 )
-from kvmux.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
-from kvmux.keys import BlockKey, namespace_id, request_salt
-from kvmux.metrics import stats_for
-from kvmux.plan import StepPlan
-from kvmux.planner import ScheduledRequest, StorePlanner
+from kvmux.keys import namespace_id, request_salt
+from kvmux.metrics import GAUGES, TierStats
 from kvmux.stores import open_store
-from kvmux.vllm.mux_stats import StoreConnectorStats
-from kvmux.vllm.namespace import block_size_of, engine_namespace, payload_bytes_per_block
-from kvmux.worker import StoreWorker
+from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
+from kvmux.tier.plan import TierStepPlan
+from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
+from kvmux.tier.worker import TierWorker
+from kvmux.vllm.engine_config import (
+    block_size_of,
+    engine_namespace,
+    payload_bytes_per_block,
+    prefer_recompute,
+)
+from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
+from kvmux.vllm.stats import StoreConnectorStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -40,30 +45,10 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["StoreConnector", "StoreConnectorMetadata", "StoreWorkerMetadata"]
+__all__ = ["StoreConnector"]
 
 log = logging.getLogger(__name__)
 HEADER_ALLOWANCE = 4096  # upper bound of an entry's header and trailer bytes
-_GAUGE_STATS = frozenset({"stored_bytes", "peak_stored_bytes"})
-
-
-@dataclass
-class StoreConnectorMetadata(KVConnectorMetadata):
-    """The step plan, sent from the scheduler to every worker."""
-
-    plan: StepPlan = field(default_factory=StepPlan)
-
-
-@dataclass
-class StoreWorkerMetadata(KVConnectorWorkerMetadata):
-    """Keys the workers could not load, sent back to the scheduler."""
-
-    missing: set[BlockKey] = field(default_factory=set)
-
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        """Union of the missing keys of several workers."""
-        assert isinstance(other, StoreWorkerMetadata)
-        return StoreWorkerMetadata(self.missing | other.missing)
 
 
 def _worker_rank() -> int:
@@ -93,21 +78,21 @@ class StoreConnector(KVConnectorBase_V1):
         )
         spec = self.config.store
         self.tier_name = spec.name
-        self.stats = stats_for(spec.name)
+        self.stats = TierStats()  # this instance's own counters (one half of the tier)
         self._namespace = namespace_id(engine_namespace(vllm_config, kv_cache_config))
         self._block_size = block_size_of(kv_cache_config)
         self._last_stats: dict[str, float] = {}
-        self._planner: StorePlanner | None = None
-        self._worker: StoreWorker | None = None
+        self._scheduler: TierScheduler | None = None
+        self._worker: TierWorker | None = None
         self._view: TierView | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._view = self._scheduler_view(kv_cache_config)
-            self._planner = StorePlanner(self._view, self._block_size, self._namespace, self.stats)
-            self._prefer_recompute()
-        else:
-            self._worker = StoreWorker(
-                open_store(spec), self._namespace, _worker_rank(), self.stats
+            self._scheduler = TierScheduler(
+                self._view, self._block_size, self._namespace, self.stats
             )
+            prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
+        else:
+            self._worker = TierWorker(open_store(spec), self._namespace, _worker_rank(), self.stats)
         log.info(
             "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
         )
@@ -121,49 +106,44 @@ class StoreConnector(KVConnectorBase_V1):
             return RemoteStoreView(open_store(spec), self.stats, spec.lookup_wait)
         return SharedStoreView(open_store(spec), self.stats)
 
-    def _prefer_recompute(self) -> None:
-        """A best-effort cache: a failed load is recomputed unless the user asked to fail."""
-        if not self.config.fail_on_load_error:
-            self._kv_transfer_config.kv_load_failure_policy = "recompute"
-
     # -- scheduler side --------------------------------------------------------
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """Tokens past ``num_computed_tokens`` that the tier holds; loaded synchronously."""
-        assert self._planner is not None
+        assert self._scheduler is not None
         lora = request.lora_request.lora_name if request.lora_request else None
         salt = request_salt(request.cache_salt, lora)
         prompt = request.prompt_token_ids or []
-        return self._planner.lookup(request.request_id, prompt, salt, num_computed_tokens), False
+        return self._scheduler.lookup(request.request_id, prompt, salt, num_computed_tokens), False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         """Plan the load of the promised blocks into the blocks just allocated."""
-        assert self._planner is not None
+        assert self._scheduler is not None
         block_ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
-        self._planner.on_alloc(request.request_id, block_ids, num_external_tokens)
+        self._scheduler.on_alloc(request.request_id, block_ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's loads, saves and evictions."""
-        assert self._planner is not None
-        return StoreConnectorMetadata(self._planner.build(_scheduled(scheduler_output)))
+        assert self._scheduler is not None
+        return StoreConnectorMetadata(self._scheduler.build(_scheduled(scheduler_output)))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Forget keys the workers could not load."""
-        assert self._planner is not None
+        assert self._scheduler is not None
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, StoreWorkerMetadata) and meta.missing:
-            self._planner.forget(meta.missing)
+            self._scheduler.forget(meta.missing)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Saves are copied out within the step, so the blocks may be freed at once."""
-        assert self._planner is not None
-        self._planner.finish(request.request_id)
+        assert self._scheduler is not None
+        self._scheduler.finish(request.request_id)
         return False, None
 
     # -- worker side -------------------------------------------------------------
@@ -173,7 +153,7 @@ class StoreConnector(KVConnectorBase_V1):
         assert self._worker is not None
         self._worker.register(kv_caches, self._kv_cache_config.num_blocks)
 
-    def _plan(self) -> StepPlan | None:
+    def _plan(self) -> TierStepPlan | None:
         if not self.has_connector_metadata():
             return None
         meta = self._get_connector_metadata()
@@ -215,11 +195,9 @@ class StoreConnector(KVConnectorBase_V1):
         return StoreWorkerMetadata(missing) if missing else None
 
     def get_kv_connector_stats(self) -> StoreConnectorStats | None:
-        """This worker's tier counters since the last call."""
-        if self._worker is None:
-            return None
+        """This half's counters since the last call (vLLM adds up both halves)."""
         now = self.stats.snapshot()
-        delta = {k: v - self._last_stats.get(k, 0) for k, v in now.items() if k not in _GAUGE_STATS}
+        delta = {k: v - self._last_stats.get(k, 0) for k, v in now.items() if k not in GAUGES}
         self._last_stats = now
         stats = StoreConnectorStats(data=delta)
         return None if stats.is_empty() else stats
@@ -245,7 +223,7 @@ class StoreConnector(KVConnectorBase_V1):
 
 
 def _scheduled(scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:
-    """The requests of a step with their blocks, as the planner needs them."""
+    """The requests of a step with their blocks, as the tier scheduler needs them."""
     computed = {
         new.req_id: int(new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs
     }

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kvmux.engine import run_engine_job
-from kvmux.models import build_random_llama
+from kvmux.tools.engine import run_engine_job
+from kvmux.tools.models import build_random_llama
 from tests.integration.conftest import (
     BASE_ENGINE,
     ENGINE_ENV,

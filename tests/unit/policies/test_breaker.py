@@ -1,10 +1,10 @@
-"""kvmux.mux.breaker: closed, open, half-open with a fake clock."""
+"""kvmux.policies.breaker: closed, open, half-open with a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvmux.mux.breaker import CircuitBreaker
+from kvmux.policies.breaker import CircuitBreaker
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""kvmux.mux.selection: which children load which range, per policy."""
+"""kvmux.policies.selection: which children load which range, per policy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from kvmux.mux.selection import Contribution, Offer, select
+from kvmux.policies.selection import Contribution, Offer, select
 
 # per child: {start: tokens, or (tokens, is_async), or None}; "*" answers any start
 Script = Mapping[object, int | tuple[int, bool] | None]

@@ -11,12 +11,12 @@ import pytest
 
 from kvmux.config import RedisSpec, parse_store_spec
 from kvmux.errors import ConfigError, StoreError, StoreUnavailable
-from kvmux.index import RemoteStoreView
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
 from kvmux.stores.memory import MemoryStore
 from kvmux.stores.redis import RedisStore
+from kvmux.tier.index import RemoteStoreView
 from tests.support.redis_server import RedisServer, make_tls_files
 
 

@@ -1,14 +1,14 @@
-"""kvmux.index: the scheduler's views of a tier."""
+"""kvmux.tier.index: the scheduler's views of a tier."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from kvmux.errors import StoreError
-from kvmux.index import MirrorIndex, SharedStoreView
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores import MemoryStore
+from kvmux.tier.index import MirrorIndex, SharedStoreView
 
 
 def _k(i: int) -> bytes:

@@ -1,4 +1,4 @@
-"""kvmux.planner: lookups, load plans and save plans of one tier (pure Python)."""
+"""kvmux.tier.scheduler: lookups, load plans and save plans of one tier (pure Python)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from kvmux.index import MirrorIndex, TierView
 from kvmux.keys import BlockKey, block_keys, namespace_id, request_salt
 from kvmux.metrics import TierStats
-from kvmux.plan import BlockTransfer, StepPlan
-from kvmux.planner import ScheduledRequest, StorePlanner
+from kvmux.tier.index import MirrorIndex, TierView
+from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
 
 NS = namespace_id({"m": "x"})
 BS = 16
@@ -27,16 +27,16 @@ def _keys(prompt: Sequence[int], salt: bytes = b"", block_size: int = BS) -> lis
     return block_keys(NS, salt, prompt, block_size)
 
 
-def _planner(
+def _scheduler(
     view: TierView | None = None, block_size: int = BS, entries: int = 1000
-) -> tuple[StorePlanner, TierView, TierStats]:
+) -> tuple[TierScheduler, TierView, TierStats]:
     view = view if view is not None else MirrorIndex(entries * ENTRY, ENTRY)
     stats = TierStats()
-    return StorePlanner(view, block_size, NS, stats), view, stats
+    return TierScheduler(view, block_size, NS, stats), view, stats
 
 
 def _new_request(
-    planner: StorePlanner,
+    scheduler: TierScheduler,
     req_id: str,
     prompt: Sequence[int],
     block_ids: Sequence[int],
@@ -44,8 +44,8 @@ def _new_request(
     salt: bytes = b"",
 ) -> int:
     """lookup + on_alloc accepting everything offered; returns the external tokens."""
-    hit = planner.lookup(req_id, prompt, salt, num_computed)
-    planner.on_alloc(req_id, block_ids, hit)
+    hit = scheduler.lookup(req_id, prompt, salt, num_computed)
+    scheduler.on_alloc(req_id, block_ids, hit)
     return hit
 
 
@@ -75,11 +75,11 @@ class ForgetfulView(TierView):
 
 
 def test_lookup_never_claims_the_last_prompt_token() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(2 * BS)
     view.record_saved(_keys(prompt))
     assert view.count_prefix(_keys(prompt)) == 2
-    assert planner.lookup("r", prompt, b"", 0) == BS
+    assert scheduler.lookup("r", prompt, b"", 0) == BS
 
 
 @pytest.mark.parametrize(
@@ -89,76 +89,76 @@ def test_lookup_never_claims_the_last_prompt_token() -> None:
 def test_lookup_claims_every_full_block_before_the_last_token(
     length: int, expected_blocks: int
 ) -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(length)
     view.record_saved(_keys(prompt))
-    hit = planner.lookup("r", prompt, b"", 0)
+    hit = scheduler.lookup("r", prompt, b"", 0)
     assert hit == expected_blocks * BS
     assert hit < length
 
 
 def test_lookup_of_an_empty_tier() -> None:
-    planner, _, _ = _planner()
-    assert planner.lookup("r", _prompt(10 * BS), b"", 0) == 0
+    scheduler, _, _ = _scheduler()
+    assert scheduler.lookup("r", _prompt(10 * BS), b"", 0) == 0
 
 
 def test_lookup_starts_at_num_computed() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     view.record_saved(keys[2:])  # the tier holds blocks 2 and 3 only
-    assert planner.lookup("a", prompt, b"", 0) == 0
-    assert planner.lookup("b", prompt, b"", BS) == 0
-    assert planner.lookup("c", prompt, b"", 2 * BS) == 2 * BS
-    assert planner.lookup("d", prompt, b"", 3 * BS) == BS
-    assert planner.lookup("e", prompt, b"", 4 * BS) == 0
+    assert scheduler.lookup("a", prompt, b"", 0) == 0
+    assert scheduler.lookup("b", prompt, b"", BS) == 0
+    assert scheduler.lookup("c", prompt, b"", 2 * BS) == 2 * BS
+    assert scheduler.lookup("d", prompt, b"", 3 * BS) == BS
+    assert scheduler.lookup("e", prompt, b"", 4 * BS) == 0
 
 
 def test_lookup_past_local_hits_of_a_fully_held_prompt() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(4 * BS + 1)
     view.record_saved(_keys(prompt))
-    assert planner.lookup("r", prompt, b"", BS) == 3 * BS
+    assert scheduler.lookup("r", prompt, b"", BS) == 3 * BS
 
 
 def test_lookup_stops_at_a_gap() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(5 * BS)
     keys = _keys(prompt)
     view.record_saved([keys[0], keys[1], keys[3]])
-    assert planner.lookup("r", prompt, b"", 0) == 2 * BS
+    assert scheduler.lookup("r", prompt, b"", 0) == 2 * BS
 
 
 def test_lookup_uses_the_request_salt() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS)
     view.record_saved(_keys(prompt))
-    assert planner.lookup("plain", prompt, request_salt(None, None), 0) == 2 * BS
-    assert planner.lookup("salted", prompt, request_salt("tenant", None), 0) == 0
-    assert planner.lookup("lora", prompt, request_salt(None, "adapter"), 0) == 0
+    assert scheduler.lookup("plain", prompt, request_salt(None, None), 0) == 2 * BS
+    assert scheduler.lookup("salted", prompt, request_salt("tenant", None), 0) == 0
+    assert scheduler.lookup("lora", prompt, request_salt(None, "adapter"), 0) == 0
 
 
 def test_lookup_repeated_for_the_same_request_keeps_its_keys() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS)
     view.record_saved(_keys(prompt))
-    assert planner.lookup("r", prompt, b"", 0) == 2 * BS
-    assert planner.lookup("r", prompt, b"", BS) == BS
+    assert scheduler.lookup("r", prompt, b"", 0) == 2 * BS
+    assert scheduler.lookup("r", prompt, b"", BS) == BS
 
 
 # -- loads -----------------------------------------------------------------------
 
 
 def test_on_alloc_and_build_plan_loads_into_the_right_blocks() -> None:
-    planner, view, stats = _planner()
+    scheduler, view, stats = _scheduler()
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     view.record_saved(keys)
     block_ids = [10, 11, 12, 13, 14]
-    hit = planner.lookup("r", prompt, b"", BS)  # block 0 is a local prefix-cache hit
+    hit = scheduler.lookup("r", prompt, b"", BS)  # block 0 is a local prefix-cache hit
     assert hit == 3 * BS
-    planner.on_alloc("r", block_ids, hit)
-    plan = planner.build([ScheduledRequest("r", BS + hit, 1, block_ids)])
+    scheduler.on_alloc("r", block_ids, hit)
+    plan = scheduler.build([ScheduledRequest("r", BS + hit, 1, block_ids)])
     assert plan.loads == [
         BlockTransfer(keys[1], 11),
         BlockTransfer(keys[2], 12),
@@ -168,49 +168,49 @@ def test_on_alloc_and_build_plan_loads_into_the_right_blocks() -> None:
     assert stats.lookups == 1
     assert stats.hit_tokens == 3 * BS
     # loads are planned once
-    assert planner.build([ScheduledRequest("r", 4 * BS + 1, 1, block_ids)]).loads == []
+    assert scheduler.build([ScheduledRequest("r", 4 * BS + 1, 1, block_ids)]).loads == []
 
 
 def test_on_alloc_of_fewer_tokens_than_offered() -> None:
-    planner, view, stats = _planner()
+    scheduler, view, stats = _scheduler()
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     view.record_saved(keys)
-    assert planner.lookup("r", prompt, b"", 0) == 4 * BS
-    planner.on_alloc("r", [5, 6, 7, 8, 9], BS)
-    plan = planner.build([])
+    assert scheduler.lookup("r", prompt, b"", 0) == 4 * BS
+    scheduler.on_alloc("r", [5, 6, 7, 8, 9], BS)
+    plan = scheduler.build([])
     assert plan.loads == [BlockTransfer(keys[0], 5)]
     assert stats.hit_tokens == BS
 
 
 def test_on_alloc_of_zero_tokens_plans_nothing_but_counts_the_lookup() -> None:
-    planner, view, stats = _planner()
+    scheduler, view, stats = _scheduler()
     prompt = _prompt(3 * BS)
     view.record_saved(_keys(prompt))
-    planner.lookup("r", prompt, b"", 0)
-    planner.on_alloc("r", [1, 2, 3], 0)
-    assert planner.build([]).is_empty()
+    scheduler.lookup("r", prompt, b"", 0)
+    scheduler.on_alloc("r", [1, 2, 3], 0)
+    assert scheduler.build([]) == TierStepPlan()
     assert (stats.lookups, stats.hit_tokens) == (1, 0)
 
 
 def test_on_alloc_without_a_lookup_is_ignored() -> None:
-    planner, _, stats = _planner()
-    planner.on_alloc("unknown", [1, 2], 2 * BS)
+    scheduler, _, stats = _scheduler()
+    scheduler.on_alloc("unknown", [1, 2], 2 * BS)
     prompt = _prompt(3 * BS)
-    planner.lookup("r", prompt, b"", 0)
-    planner.on_alloc("r", [1, 2, 3], 0)
-    planner.on_alloc("r", [1, 2, 3], 2 * BS)  # the lookup was consumed already
-    assert planner.build([]).loads == []
+    scheduler.lookup("r", prompt, b"", 0)
+    scheduler.on_alloc("r", [1, 2, 3], 0)
+    scheduler.on_alloc("r", [1, 2, 3], 2 * BS)  # the lookup was consumed already
+    assert scheduler.build([]).loads == []
     assert stats.lookups == 1
 
 
 def test_loads_of_several_requests_in_one_step() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     first, second = _prompt(3 * BS, seed=1), _prompt(2 * BS + 1, seed=2)
     view.record_saved(_keys(first) + _keys(second))
-    _new_request(planner, "a", first, [0, 1, 2])
-    _new_request(planner, "b", second, [7, 8, 9])
-    plan = planner.build([])
+    _new_request(scheduler, "a", first, [0, 1, 2])
+    _new_request(scheduler, "b", second, [7, 8, 9])
+    plan = scheduler.build([])
     assert plan.loads == [
         BlockTransfer(_keys(first)[0], 0),
         BlockTransfer(_keys(first)[1], 1),
@@ -223,12 +223,12 @@ def test_loads_of_several_requests_in_one_step() -> None:
 
 
 def test_build_saves_newly_full_prompt_blocks() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS + 5)
     keys = _keys(prompt)
     ids = [4, 5, 6, 7]
-    _new_request(planner, "r", prompt, ids)
-    plan = planner.build([ScheduledRequest("r", 0, len(prompt), ids)])
+    _new_request(scheduler, "r", prompt, ids)
+    plan = scheduler.build([ScheduledRequest("r", 0, len(prompt), ids)])
     assert plan.loads == []
     assert plan.saves == [BlockTransfer(k, b) for k, b in zip(keys, ids[:3], strict=True)]
     assert plan.evictions == []
@@ -238,38 +238,38 @@ def test_build_saves_newly_full_prompt_blocks() -> None:
 @pytest.mark.parametrize("view_kind", ["mirror", "forgetful"])
 def test_chunked_prefill_saves_each_block_once(view_kind: str) -> None:
     view: TierView = MirrorIndex(100 * ENTRY, ENTRY) if view_kind == "mirror" else ForgetfulView()
-    planner, _, _ = _planner(view, block_size=64)
+    scheduler, _, _ = _scheduler(view, block_size=64)
     prompt = _prompt(300)
     keys = _keys(prompt, block_size=64)
     assert len(keys) == 4
     ids = [20, 21, 22, 23, 24]
-    _new_request(planner, "r", prompt, ids[:2])
+    _new_request(scheduler, "r", prompt, ids[:2])
 
-    step1 = planner.build([ScheduledRequest("r", 0, 100, ids[:2])])
+    step1 = scheduler.build([ScheduledRequest("r", 0, 100, ids[:2])])
     assert step1.saves == [BlockTransfer(keys[0], 20)]
-    step2 = planner.build([ScheduledRequest("r", 100, 100, ids[:4])])
+    step2 = scheduler.build([ScheduledRequest("r", 100, 100, ids[:4])])
     assert step2.saves == [BlockTransfer(keys[1], 21), BlockTransfer(keys[2], 22)]
-    step3 = planner.build([ScheduledRequest("r", 200, 100, ids[:5])])
+    step3 = scheduler.build([ScheduledRequest("r", 200, 100, ids[:5])])
     assert step3.saves == [BlockTransfer(keys[3], 23)]
     # decode steps: the output tokens are never saved
     for done in range(300, 400):
-        assert planner.build([ScheduledRequest("r", done, 1, ids)]).saves == []
+        assert scheduler.build([ScheduledRequest("r", done, 1, ids)]).saves == []
     if isinstance(view, ForgetfulView):
         assert view.saved == keys
 
 
 def test_saves_never_include_blocks_just_loaded() -> None:
-    # The view claims every block and never remembers saves, so only the planner's
+    # The view claims every block and never remembers saves, so only the scheduler's
     # own record of the load keeps the loaded blocks out of the save plan.
     view = ForgetfulView(held=100)
-    planner, _, _ = _planner(view)
+    scheduler, _, _ = _scheduler(view)
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     ids = [30, 31, 32, 33, 34]
-    hit = planner.lookup("r", prompt, b"", BS)  # block 0 is a local prefix-cache hit
+    hit = scheduler.lookup("r", prompt, b"", BS)  # block 0 is a local prefix-cache hit
     assert hit == 3 * BS
-    planner.on_alloc("r", ids, 2 * BS)  # the engine takes blocks 1 and 2
-    plan = planner.build([ScheduledRequest("r", 3 * BS, BS + 1, ids)])
+    scheduler.on_alloc("r", ids, 2 * BS)  # the engine takes blocks 1 and 2
+    plan = scheduler.build([ScheduledRequest("r", 3 * BS, BS + 1, ids)])
     assert plan.loads == [BlockTransfer(keys[1], 31), BlockTransfer(keys[2], 32)]
     saved = {t.key for t in plan.saves}
     assert keys[1] not in saved
@@ -278,22 +278,22 @@ def test_saves_never_include_blocks_just_loaded() -> None:
 
 
 def test_blocks_the_tier_holds_are_not_saved_again() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS)
     keys = _keys(prompt)
     view.record_saved([keys[1]])
-    _new_request(planner, "r", prompt, [0, 1, 2])  # gap at block 0: no hit
-    plan = planner.build([ScheduledRequest("r", 0, 3 * BS, [0, 1, 2])])
+    _new_request(scheduler, "r", prompt, [0, 1, 2])  # gap at block 0: no hit
+    plan = scheduler.build([ScheduledRequest("r", 0, 3 * BS, [0, 1, 2])])
     assert plan.saves == [BlockTransfer(keys[0], 0), BlockTransfer(keys[2], 2)]
 
 
 def test_duplicate_keys_across_requests_in_one_step_are_saved_once() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(2 * BS + 5)
     keys = _keys(prompt)
-    _new_request(planner, "a", prompt, [0, 1, 2])
-    _new_request(planner, "b", prompt, [3, 4, 5])
-    plan = planner.build(
+    _new_request(scheduler, "a", prompt, [0, 1, 2])
+    _new_request(scheduler, "b", prompt, [3, 4, 5])
+    plan = scheduler.build(
         [
             ScheduledRequest("a", 0, len(prompt), [0, 1, 2]),
             ScheduledRequest("b", 0, len(prompt), [3, 4, 5]),
@@ -306,16 +306,16 @@ def test_duplicate_keys_across_requests_in_one_step_are_saved_once() -> None:
     assert isinstance(view, MirrorIndex)
     assert len(view) == 2
     # a third request with the same prompt now hits
-    assert planner.lookup("c", prompt, b"", 0) == 2 * BS
+    assert scheduler.lookup("c", prompt, b"", 0) == 2 * BS
 
 
 def test_shared_prefix_across_requests_is_saved_once() -> None:
-    planner, _, _ = _planner()
+    scheduler, _, _ = _scheduler()
     prefix = _prompt(BS, seed=9)
     first, second = prefix + _prompt(BS, seed=1), prefix + _prompt(BS, seed=2)
-    _new_request(planner, "a", first, [0, 1])
-    _new_request(planner, "b", second, [2, 3])
-    plan = planner.build(
+    _new_request(scheduler, "a", first, [0, 1])
+    _new_request(scheduler, "b", second, [2, 3])
+    plan = scheduler.build(
         [ScheduledRequest("a", 0, 2 * BS, [0, 1]), ScheduledRequest("b", 0, 2 * BS, [2, 3])]
     )
     keys = [t.key for t in plan.saves]
@@ -324,17 +324,17 @@ def test_shared_prefix_across_requests_is_saved_once() -> None:
 
 
 def test_requests_without_state_are_ignored_by_build() -> None:
-    planner, _, _ = _planner()
-    plan = planner.build([ScheduledRequest("never-looked-up", 0, 4 * BS, [0, 1, 2, 3])])
-    assert plan.is_empty()
+    scheduler, _, _ = _scheduler()
+    plan = scheduler.build([ScheduledRequest("never-looked-up", 0, 4 * BS, [0, 1, 2, 3])])
+    assert plan == TierStepPlan()
 
 
 def test_saves_are_bounded_by_the_allocated_blocks() -> None:
-    planner, _, _ = _planner()
+    scheduler, _, _ = _scheduler()
     prompt = _prompt(4 * BS)
     keys = _keys(prompt)
-    _new_request(planner, "r", prompt, [0, 1])
-    plan = planner.build([ScheduledRequest("r", 0, 4 * BS, [0, 1])])
+    _new_request(scheduler, "r", prompt, [0, 1])
+    plan = scheduler.build([ScheduledRequest("r", 0, 4 * BS, [0, 1])])
     assert plan.saves == [BlockTransfer(keys[0], 0), BlockTransfer(keys[1], 1)]
 
 
@@ -342,43 +342,43 @@ def test_saves_are_bounded_by_the_allocated_blocks() -> None:
 
 
 def test_evictions_are_emitted_when_capacity_is_exceeded() -> None:
-    planner, view, _ = _planner(entries=3)
+    scheduler, view, _ = _scheduler(entries=3)
     first, second = _prompt(3 * BS, seed=1), _prompt(2 * BS, seed=2)
-    _new_request(planner, "a", first, [0, 1, 2])
-    plan = planner.build([ScheduledRequest("a", 0, 3 * BS, [0, 1, 2])])
+    _new_request(scheduler, "a", first, [0, 1, 2])
+    plan = scheduler.build([ScheduledRequest("a", 0, 3 * BS, [0, 1, 2])])
     assert len(plan.saves) == 3
     assert plan.evictions == []
-    _new_request(planner, "b", second, [3, 4])
-    plan = planner.build([ScheduledRequest("b", 0, 2 * BS, [3, 4])])
+    _new_request(scheduler, "b", second, [3, 4])
+    plan = scheduler.build([ScheduledRequest("b", 0, 2 * BS, [3, 4])])
     assert [t.key for t in plan.saves] == _keys(second)
     assert plan.evictions == _keys(first)[:2]
-    assert not plan.is_empty()
+    assert plan != TierStepPlan()
     assert isinstance(view, MirrorIndex)
     assert len(view) == 3
-    assert planner.lookup("c", [*first, 1], b"", 0) == 0
+    assert scheduler.lookup("c", [*first, 1], b"", 0) == 0
 
 
 def test_looked_up_blocks_are_evicted_last() -> None:
-    planner, _, _ = _planner(entries=3)
+    scheduler, _, _ = _scheduler(entries=3)
     first = _prompt(2 * BS, seed=1)
-    _new_request(planner, "a", first, [0, 1])
-    planner.build([ScheduledRequest("a", 0, 2 * BS, [0, 1])])
+    _new_request(scheduler, "a", first, [0, 1])
+    scheduler.build([ScheduledRequest("a", 0, 2 * BS, [0, 1])])
     other = _prompt(BS, seed=5)
-    _new_request(planner, "o", other, [9])
-    planner.build([ScheduledRequest("o", 0, BS, [9])])
+    _new_request(scheduler, "o", other, [9])
+    scheduler.build([ScheduledRequest("o", 0, BS, [9])])
     # a lookup touches block 0 of the first prompt: it is now the most recently used
-    assert planner.lookup("hit", first, b"", 0) == BS
+    assert scheduler.lookup("hit", first, b"", 0) == BS
     newcomer = _prompt(BS, seed=6)
-    _new_request(planner, "n", newcomer, [10])
-    plan = planner.build([ScheduledRequest("n", 0, BS, [10])])
+    _new_request(scheduler, "n", newcomer, [10])
+    plan = scheduler.build([ScheduledRequest("n", 0, BS, [10])])
     assert plan.evictions == [_keys(first)[1]]
 
 
 def test_a_step_never_saves_and_evicts_the_same_key() -> None:
-    planner, view, _ = _planner(entries=2)
+    scheduler, view, _ = _scheduler(entries=2)
     prompt = _prompt(4 * BS + 1)
-    _new_request(planner, "r", prompt, [0, 1, 2, 3, 4])
-    plan = planner.build([ScheduledRequest("r", 0, len(prompt), [0, 1, 2, 3, 4])])
+    _new_request(scheduler, "r", prompt, [0, 1, 2, 3, 4])
+    plan = scheduler.build([ScheduledRequest("r", 0, len(prompt), [0, 1, 2, 3, 4])])
     saved = {t.key for t in plan.saves}
     assert not saved & set(plan.evictions)
     assert all(view.contains(t.key) for t in plan.saves)
@@ -388,45 +388,37 @@ def test_a_step_never_saves_and_evicts_the_same_key() -> None:
 
 
 def test_forget_drops_keys_from_the_view() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     view.record_saved(keys)
-    planner.forget([keys[2]])
+    scheduler.forget([keys[2]])
     assert not view.contains(keys[2])
-    assert planner.lookup("r", prompt, b"", 0) == 2 * BS
+    assert scheduler.lookup("r", prompt, b"", 0) == 2 * BS
 
 
 def test_finish_drops_request_state() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     old, new = _prompt(3 * BS, seed=1), _prompt(3 * BS, seed=2)
     view.record_saved(_keys(new))
-    assert planner.lookup("r", old, b"", 0) == 0
-    planner.finish("r")
+    assert scheduler.lookup("r", old, b"", 0) == 0
+    scheduler.finish("r")
     # the keys are derived afresh from the new prompt under the reused id
-    assert planner.lookup("r", new, b"", 0) == 2 * BS
-    planner.on_alloc("r", [0, 1, 2], 2 * BS)
-    planner.finish("r")
-    planner.finish("r")  # finishing twice, or an unknown request, is fine
-    planner.finish("unknown")
-    plan = planner.build([ScheduledRequest("r", 2 * BS, BS, [0, 1, 2])])
+    assert scheduler.lookup("r", new, b"", 0) == 2 * BS
+    scheduler.on_alloc("r", [0, 1, 2], 2 * BS)
+    scheduler.finish("r")
+    scheduler.finish("r")  # finishing twice, or an unknown request, is fine
+    scheduler.finish("unknown")
+    plan = scheduler.build([ScheduledRequest("r", 2 * BS, BS, [0, 1, 2])])
     assert plan.saves == []
     assert [t.block_id for t in plan.loads] == [0, 1]  # planned before finish
 
 
 def test_finished_request_is_not_saved() -> None:
-    planner, view, _ = _planner()
+    scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS)
-    _new_request(planner, "r", prompt, [0, 1, 2])
-    planner.finish("r")
-    assert planner.build([ScheduledRequest("r", 0, 3 * BS, [0, 1, 2])]).is_empty()
+    _new_request(scheduler, "r", prompt, [0, 1, 2])
+    scheduler.finish("r")
+    assert scheduler.build([ScheduledRequest("r", 0, 3 * BS, [0, 1, 2])]) == TierStepPlan()
     assert isinstance(view, MirrorIndex)
     assert len(view) == 0
-
-
-def test_step_plan_is_empty() -> None:
-    assert StepPlan().is_empty()
-    key = BlockKey(b"k" * 16)
-    assert not StepPlan(loads=[BlockTransfer(key, 0)]).is_empty()
-    assert not StepPlan(saves=[BlockTransfer(key, 0)]).is_empty()
-    assert not StepPlan(evictions=[key]).is_empty()

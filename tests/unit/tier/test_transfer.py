@@ -1,4 +1,4 @@
-"""kvmux.transfer.BlockMover on small CPU tensors."""
+"""kvmux.tier.transfer.BlockMover on small CPU tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvmux import codec  # noqa: E402
 from kvmux.codec import LayerSpec  # noqa: E402
 from kvmux.errors import CorruptEntry  # noqa: E402
 from kvmux.keys import namespace_id  # noqa: E402
-from kvmux.transfer import BlockMover  # noqa: E402
+from kvmux.tier.transfer import BlockMover  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "x"})
@@ -39,7 +39,7 @@ def test_layer_specs(layout: str) -> None:
     mover = BlockMover(_caches(layout), NUM_BLOCKS)
     expected = LayerSpec((2, 4, 8), "float32")
     assert mover.layer_specs == (expected, expected)
-    assert mover.entry_payload_bytes == 2 * 2 * 4 * 8 * 4
+    assert sum(spec.nbytes for spec in mover.layer_specs) == 2 * 2 * 4 * 8 * 4
     assert mover.device == torch.device("cpu")
 
 

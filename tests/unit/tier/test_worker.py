@@ -1,4 +1,4 @@
-"""kvmux.worker.StoreWorker: saves through the writer thread, loads back, errors as misses."""
+"""kvmux.tier.worker.TierWorker: saves through the writer thread, loads back, errors as misses."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from kvmux import codec  # noqa: E402
 from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
-from kvmux.plan import BlockTransfer, StepPlan  # noqa: E402
 from kvmux.stores import KVStore, MemoryStore  # noqa: E402
-from kvmux.worker import StoreWorker  # noqa: E402
+from kvmux.tier.plan import BlockTransfer, TierStepPlan  # noqa: E402
+from kvmux.tier.worker import TierWorker  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "x"})
@@ -22,7 +22,7 @@ LAYOUTS = {"blocks_first": ((NUM_BLOCKS, 2, 4, 8), 0), "blocks_second": ((2, NUM
 KEYS = block_keys(NS, b"", list(range(4 * 16)), 16)
 K1, K3, K_OTHER, K_UNKNOWN = KEYS
 
-MakeWorker = Callable[..., StoreWorker]
+MakeWorker = Callable[..., TierWorker]
 
 
 def _caches(layout: str, random: bool) -> dict[str, torch.Tensor]:
@@ -44,7 +44,7 @@ def layout(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def make_worker() -> Iterator[MakeWorker]:
-    workers: list[StoreWorker] = []
+    workers: list[TierWorker] = []
 
     def make(
         store: KVStore,
@@ -52,8 +52,8 @@ def make_worker() -> Iterator[MakeWorker]:
         namespace: bytes = NS,
         rank: int = 0,
         stats: TierStats | None = None,
-    ) -> StoreWorker:
-        worker = StoreWorker(store, namespace, rank, stats if stats is not None else TierStats())
+    ) -> TierWorker:
+        worker = TierWorker(store, namespace, rank, stats if stats is not None else TierStats())
         if caches is not None:
             worker.register(caches, NUM_BLOCKS)
         workers.append(worker)
@@ -64,8 +64,8 @@ def make_worker() -> Iterator[MakeWorker]:
         worker.close()
 
 
-def _save(worker: StoreWorker, *transfers: tuple[BlockKey, int]) -> None:
-    worker.save(StepPlan(saves=[BlockTransfer(k, b) for k, b in transfers]))
+def _save(worker: TierWorker, *transfers: tuple[BlockKey, int]) -> None:
+    worker.save(TierStepPlan(saves=[BlockTransfer(k, b) for k, b in transfers]))
     worker.flush()
 
 
@@ -115,7 +115,7 @@ def test_save_copies_out_before_returning(make_worker: MakeWorker) -> None:
     source = _caches("blocks_first", random=True)
     expected = source["layer.0"][1].clone()
     worker = make_worker(store, source)
-    worker.save(StepPlan(saves=[BlockTransfer(K1, 1)]))
+    worker.save(TierStepPlan(saves=[BlockTransfer(K1, 1)]))
     for tensor in source.values():
         tensor.zero_()  # the engine reuses the block right after the step
     worker.flush()
@@ -130,7 +130,7 @@ def test_load_waits_for_a_pending_save_of_the_same_key(make_worker: MakeWorker) 
     caches = _caches("blocks_first", random=True)
     expected = caches["layer.1"][3].clone()
     worker = make_worker(store, caches)
-    worker.save(StepPlan(saves=[BlockTransfer(K3, 3)]))  # no flush
+    worker.save(TierStepPlan(saves=[BlockTransfer(K3, 3)]))  # no flush
     worker.load([BlockTransfer(K3, 0)])
     assert worker.take_load_errors() == set()
     assert torch.equal(caches["layer.1"][0], expected)
@@ -218,12 +218,12 @@ def test_evictions_delete_entries(make_worker: MakeWorker) -> None:
     store = MemoryStore(1 << 20)
     worker = make_worker(store, _caches("blocks_first", random=True))
     _save(worker, (K1, 1), (K3, 3))
-    worker.save(StepPlan(saves=[BlockTransfer(K_OTHER, 0)], evictions=[K1]))
+    worker.save(TierStepPlan(saves=[BlockTransfer(K_OTHER, 0)], evictions=[K1]))
     worker.flush()
     assert not store.contains(store_key(K1, 0))
     assert store.contains(store_key(K3, 0))
     assert store.contains(store_key(K_OTHER, 0))
-    worker.save(StepPlan(evictions=[K3]))  # evictions alone
+    worker.save(TierStepPlan(evictions=[K3]))  # evictions alone
     worker.flush()
     assert not store.contains(store_key(K3, 0))
 
@@ -253,7 +253,7 @@ def test_store_errors_are_misses_not_crashes(make_worker: MakeWorker) -> None:
     worker = make_worker(
         _BrokenStore(1 << 20, name="broken"), _caches("blocks_first", True), stats=stats
     )
-    worker.save(StepPlan(saves=[BlockTransfer(K1, 1)], evictions=[K3]))
+    worker.save(TierStepPlan(saves=[BlockTransfer(K1, 1)], evictions=[K3]))
     worker.flush()
     assert stats.save_errors == 1
     assert stats.saved_blocks == 0
@@ -267,7 +267,7 @@ def test_store_errors_are_misses_not_crashes(make_worker: MakeWorker) -> None:
 def test_unregistered_worker_does_nothing(make_worker: MakeWorker) -> None:
     store = MemoryStore(1 << 20)
     worker = make_worker(store, None)
-    worker.save(StepPlan(saves=[BlockTransfer(K1, 1)]))
+    worker.save(TierStepPlan(saves=[BlockTransfer(K1, 1)]))
     worker.load([BlockTransfer(K1, 1)])
     worker.flush()
     assert len(store) == 0
@@ -278,7 +278,7 @@ def test_unregistered_worker_does_nothing(make_worker: MakeWorker) -> None:
 def test_empty_plans_do_nothing(make_worker: MakeWorker) -> None:
     stats = TierStats()
     worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", True), stats=stats)
-    worker.save(StepPlan())
+    worker.save(TierStepPlan())
     worker.load([])
     worker.flush()
     assert stats.snapshot() == TierStats().snapshot()

@@ -25,11 +25,11 @@ from vllm.v1.outputs import KVConnectorOutput
 
 import kvmux.vllm.mux_connector as mux_module
 from kvmux.errors import ConfigError
-from kvmux.mux.breaker import CircuitBreaker
-from kvmux.mux.scheduler_side import TransferParamsClash
+from kvmux.mux.scheduler import TransferParamsClash
+from kvmux.policies.breaker import CircuitBreaker
 from kvmux.vllm import MuxConnector
-from kvmux.vllm.mux_connector import MuxMetadata, MuxWorkerMetadata
-from kvmux.vllm.mux_stats import MuxConnectorStats
+from kvmux.vllm.metadata import MuxMetadata, MuxWorkerMetadata
+from kvmux.vllm.stats import MuxConnectorStats
 from tests.unit.vllm import scripted
 from tests.unit.vllm.scripted import (
     SCRIPTS,
@@ -69,7 +69,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
     """Fresh scripts, and every breaker MuxConnector builds runs on a fake clock.
 
-    (Patching ``kvmux.mux.breaker.time.monotonic`` would not do: CircuitBreaker binds
+    (Patching ``kvmux.policies.breaker.time.monotonic`` would not do: CircuitBreaker binds
     ``time.monotonic`` as a default argument when the module is imported.)
     """
     scripted.reset()

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvmux.vllm.mux_stats import MuxConnectorStats, MuxPromMetrics
+from kvmux.vllm.stats import MuxConnectorStats, MuxPromMetrics
 
 
 def test_counters_and_breaker_gauge_per_child() -> None:

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvmux.bench.configs import kv_config
-from kvmux.bench.plan import BenchPlan
-from kvmux.engine import run_engine_job
-from kvmux.models import MODEL_SIZES
+from kvmux.tools.bench.configs import kv_config
+from kvmux.tools.bench.profiles import BenchPlan
+from kvmux.tools.engine import run_engine_job
+from kvmux.tools.models import MODEL_SIZES
 
 __all__ = ["Runner", "long_prompts", "mux_overhead", "no_reuse", "reuse_workload"]
 

@@ -14,14 +14,14 @@ import torch
 from tqdm import tqdm
 
 from kvmux import codec
-from kvmux.bench.redis_proc import RedisProcess
 from kvmux.codec import LayerSpec
 from kvmux.config import RedisSpec
 from kvmux.keys import namespace_id
 from kvmux.stores.disk import DiskStore
 from kvmux.stores.memory import MemoryStore
 from kvmux.stores.redis import RedisStore
-from kvmux.transfer import BlockMover
+from kvmux.tier.transfer import BlockMover
+from kvmux.tools.bench.redis_proc import RedisProcess
 
 __all__ = ["run_store_bench"]
 

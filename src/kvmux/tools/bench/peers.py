@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from kvmux.bench.configs import LMCACHE_PORT
+from kvmux.tools.bench.configs import LMCACHE_PORT
 
 __all__ = ["LMCacheServer"]
 

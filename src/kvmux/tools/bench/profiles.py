@@ -11,7 +11,7 @@ __all__ = ["FULL", "QUICK", "BenchPlan"]
 class BenchPlan:
     """Sizes of one run; the quick run is a smaller copy of the full one."""
 
-    model_size: str  # kvmux.models.MODEL_SIZES key
+    model_size: str  # kvmux.tools.models.MODEL_SIZES key
     dtype: str
     lengths: tuple[int, ...]  # workload (a): one long prompt of each length
     engine_blocks: int  # the engine's own KV cache, in blocks, for workloads (b) and (c)

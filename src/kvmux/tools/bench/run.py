@@ -11,15 +11,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvmux.bench.bars import evaluate_bars
-from kvmux.bench.configs import CONFIGS
-from kvmux.bench.e2e import Runner, long_prompts, mux_overhead, no_reuse, reuse_workload
-from kvmux.bench.peers import LMCacheServer
-from kvmux.bench.plan import FULL, QUICK, BenchPlan
-from kvmux.bench.redis_proc import RedisProcess
-from kvmux.bench.report import machine_info, write_report
-from kvmux.bench.stores import run_store_bench
-from kvmux.models import build_random_llama
+from kvmux.tools.bench.bars import evaluate_bars
+from kvmux.tools.bench.configs import CONFIGS
+from kvmux.tools.bench.e2e import Runner, long_prompts, mux_overhead, no_reuse, reuse_workload
+from kvmux.tools.bench.microbench import run_store_bench
+from kvmux.tools.bench.peers import LMCacheServer
+from kvmux.tools.bench.profiles import FULL, QUICK, BenchPlan
+from kvmux.tools.bench.redis_proc import RedisProcess
+from kvmux.tools.bench.report import machine_info, write_report
+from kvmux.tools.models import build_random_llama
 
 __all__ = ["run_bench"]
 

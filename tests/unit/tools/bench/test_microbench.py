@@ -14,8 +14,8 @@ pytest.importorskip("matplotlib")
 if shutil.which("redis-server") is None:
     pytest.skip("redis-server is not on PATH", allow_module_level=True)
 
-from kvmux.bench.report import machine_info, write_report
-from kvmux.bench.stores import run_store_bench
+from kvmux.tools.bench.microbench import run_store_bench
+from kvmux.tools.bench.report import machine_info, write_report
 
 
 def test_store_bench_and_report(tmp_path: Path) -> None:
