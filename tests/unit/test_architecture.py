@@ -1,0 +1,97 @@
+"""The package layout: one package per role, and the imports each role may make.
+
+Read with ``ast`` (nothing is imported), including imports inside functions and
+``TYPE_CHECKING`` blocks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import kvmux
+
+ROOT = Path(kvmux.__file__).parent
+TOP_LEVEL = {"__init__", "cli", "codec", "config", "errors", "keys", "metrics"}
+PACKAGES = {"mux", "policies", "stores", "tier", "tools", "vllm"}
+ROLE_NAMES = {"scheduler", "worker", "plan"}  # the same role, the same name, in tier/ and mux/
+TORCH_ALLOWED = ("kvmux.tier.worker", "kvmux.tier.transfer", "kvmux.vllm.", "kvmux.tools.")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def _importers(prefix: str) -> set[str]:
+    """Modules that import ``prefix`` or anything below it."""
+    return {
+        name
+        for name, path in _modules().items()
+        if any(i == prefix or i.startswith(prefix + ".") for i in _imports(path))
+    }
+
+
+def _is_tooling(name: str) -> bool:
+    return name.startswith("kvmux.tools") or name == "kvmux.cli"
+
+
+def test_top_level_holds_only_shared_vocabulary_and_the_cli() -> None:
+    files = {p.stem for p in ROOT.glob("*.py")}
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert files == TOP_LEVEL
+    assert folders == PACKAGES
+
+
+def test_only_the_adapter_and_the_tools_import_vllm() -> None:
+    outside = {m for m in _importers("vllm") if not m.startswith(("kvmux.vllm", "kvmux.tools"))}
+    assert outside == set()
+
+
+def test_the_library_never_imports_the_tools() -> None:
+    assert {m for m in _importers("kvmux.tools") if not _is_tooling(m)} == set()
+
+
+def test_torch_stays_on_the_worker_side() -> None:
+    users = {m for m in _importers("torch") if not m.startswith(TORCH_ALLOWED)}
+    assert users == set()
+
+
+@pytest.mark.parametrize("package", ["stores", "policies", "tier", "mux"])
+def test_lower_roles_do_not_reach_up(package: str) -> None:
+    """Stores move bytes, policies decide; neither knows tiers, the mux or vLLM."""
+    above = {
+        "stores": ("kvmux.tier", "kvmux.mux", "kvmux.vllm", "kvmux.tools"),
+        "policies": ("kvmux.tier", "kvmux.mux", "kvmux.stores", "kvmux.vllm", "kvmux.tools"),
+        "tier": ("kvmux.mux", "kvmux.vllm", "kvmux.tools"),
+        "mux": ("kvmux.tier", "kvmux.stores", "kvmux.vllm", "kvmux.tools"),
+    }[package]
+    for name, path in _modules().items():
+        if name.startswith(f"kvmux.{package}"):
+            reached = {i for i in _imports(path) if i.startswith(above)}
+            assert reached == set(), name
+
+
+def test_basenames_repeat_only_for_the_same_role() -> None:
+    library = [p for n, p in _modules().items() if not _is_tooling(n) and p.stem != "__init__"]
+    repeated = {stem for stem, count in Counter(p.stem for p in library).items() if count > 1}
+    assert repeated <= ROLE_NAMES
+    for stem in repeated:
+        assert sorted(p.parent.name for p in library if p.stem == stem) == ["mux", "tier"]
