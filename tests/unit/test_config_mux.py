@@ -1,9 +1,4 @@
-"""kvmux.config: MuxConnector's extra config.
-
-(Named test_mux_config.py, not test_config.py: tests/unit has no __init__.py files, so a
-second test_config.py basename collides with tests/unit/test_config.py under pytest's
-default import mode and breaks collection of the whole suite.)
-"""
+"""kvmux.config: MuxConnector's extra config (test_config.py covers StoreConnector's)."""
 
 from __future__ import annotations
 

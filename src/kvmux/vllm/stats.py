@@ -1,4 +1,4 @@
-"""KV-connector stats and Prometheus metrics of MuxConnector, one series per child."""
+"""KV-connector stats of both connectors, and MuxConnector's Prometheus series per child."""
 
 from __future__ import annotations
 
