@@ -54,7 +54,7 @@ class MuxScheduler:
             tokens, is_async = guard.call("get_num_new_matched_tokens", call, miss)
             return None if tokens is None else Offer(start, int(tokens), bool(is_async))
 
-        plan = select(self.policy, ask, self.offset_capable, num_computed)
+        plan = select(self.policy, ask, self.offset_capable, num_computed, self.block_size)
         if plan is None:
             return None, False
         self._plans[request.request_id] = plan

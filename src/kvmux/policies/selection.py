@@ -58,10 +58,14 @@ def _longest(ask: Ask, count: int, start: int) -> list[Contribution] | None:
     return [Contribution(best, start, known[best].tokens, known[best].is_async)]
 
 
-def _compose(ask: Ask, offset_capable: Sequence[bool], start: int) -> list[Contribution] | None:
+def _compose(
+    ask: Ask, offset_capable: Sequence[bool], start: int, block_size: int
+) -> list[Contribution] | None:
     plan: list[Contribution] = []
     position = start
     for i, capable in enumerate(offset_capable):
+        if position > start and position % block_size:
+            break  # aligned, or nothing: no child starts loading inside a block
         if position > start and not capable:
             continue
         offer = ask(i, position)
@@ -74,13 +78,15 @@ def _compose(ask: Ask, offset_capable: Sequence[bool], start: int) -> list[Contr
 
 
 def select(
-    policy: str, ask: Ask, offset_capable: Sequence[bool], start: int
+    policy: str, ask: Ask, offset_capable: Sequence[bool], start: int, block_size: int
 ) -> list[Contribution] | None:
     """Contributions for a request whose first ``start`` tokens are computed.
 
     ``None`` means some child is still looking: ask again at the next step.
     ``offset_capable[i]`` says whether child ``i`` can load a range that starts past the
     computed tokens; other children take part in ``compose`` only as the first contributor.
+    A later contributor starts only on a block boundary: where a child's range ends inside
+    a block, ``compose`` stops there.
     """
     count = len(offset_capable)
     if policy == "first":
@@ -88,5 +94,5 @@ def select(
     if policy == "longest":
         return _longest(ask, count, start)
     if policy == "compose":
-        return _compose(ask, offset_capable, start)
+        return _compose(ask, offset_capable, start, block_size)
     raise ValueError(f"unknown policy {policy!r}")

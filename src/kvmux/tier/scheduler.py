@@ -55,7 +55,13 @@ class TierScheduler:
     def lookup(
         self, req_id: str, prompt: Sequence[int], salt: bytes, num_computed: int
     ) -> int | None:
-        """Tokens the tier holds past ``num_computed`` (block-aligned); None: ask again."""
+        """Tokens the tier holds past ``num_computed`` (block-aligned); None: ask again.
+
+        A start inside a block offers nothing: loading whole blocks from there would
+        overwrite tokens the engine already computed.
+        """
+        if num_computed % self._block_size:
+            return 0
         state = self._state(req_id, prompt, salt)
         start = num_computed // self._block_size
         candidates = state.keys[start : state.max_hit_blocks]

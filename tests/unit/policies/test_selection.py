@@ -31,11 +31,15 @@ class Asker:
 
 
 def run(
-    policy: str, *scripts: Script, start: int = 0, capable: Sequence[bool] | None = None
+    policy: str,
+    *scripts: Script,
+    start: int = 0,
+    capable: Sequence[bool] | None = None,
+    block_size: int = 8,
 ) -> tuple[list[Contribution] | None, Asker]:
     ask = Asker(*scripts)
     offset_capable = [True] * len(scripts) if capable is None else list(capable)
-    return select(policy, ask, offset_capable, start), ask
+    return select(policy, ask, offset_capable, start, block_size), ask
 
 
 def any_start(answer: int | tuple[int, bool] | None) -> Script:
@@ -182,8 +186,21 @@ def test_no_children(policy: str) -> None:
 
 def test_unknown_policy() -> None:
     with pytest.raises(ValueError, match="fastest"):
-        select("fastest", Asker(any_start(1)), [True], 0)
+        select("fastest", Asker(any_start(1)), [True], 0, 8)
 
 
 def test_contribution_end() -> None:
     assert Contribution(0, 16, 32, False).end == 48
+
+
+def test_compose_stops_where_a_child_ends_off_a_block_boundary() -> None:
+    """Aligned, or nothing: a later child never starts inside a block."""
+    plan, ask = run("compose", {0: 100}, {"*": 64}, block_size=16)
+    assert plan == [Contribution(0, 0, 100, False)]
+    assert ask.asked == [(0, 0)]
+
+
+def test_compose_goes_on_from_an_aligned_end() -> None:
+    plan, ask = run("compose", {0: 96}, {96: 64}, block_size=16)
+    assert plan == [Contribution(0, 0, 96, False), Contribution(1, 96, 64, False)]
+    assert ask.asked == [(0, 0), (1, 96)]

@@ -114,6 +114,15 @@ def test_lookup_starts_at_num_computed() -> None:
     assert scheduler.lookup("e", prompt, b"", 4 * BS) == 0
 
 
+@pytest.mark.parametrize("offset", [1, BS // 2, BS - 1])
+def test_lookup_from_inside_a_block_offers_nothing(offset: int) -> None:
+    """Aligned, or nothing: rounding the start down would load over computed tokens."""
+    scheduler, view, _ = _scheduler()
+    prompt = _prompt(4 * BS + 1)
+    view.record_saved(_keys(prompt))
+    assert scheduler.lookup("r", prompt, b"", BS + offset) == 0
+
+
 def test_lookup_past_local_hits_of_a_fully_held_prompt() -> None:
     scheduler, view, _ = _scheduler()
     prompt = _prompt(4 * BS + 1)
