@@ -25,6 +25,7 @@ class TierStats:
     load_errors: int = 0  # blocks promised but missing or corrupt (recomputed)
     saved_blocks: int = 0  # blocks written to the store
     save_errors: int = 0  # blocks that could not be written (dropped)
+    tainted_saves: int = 0  # blocks not saved: computed over a block that failed to load
     store_errors: int = 0  # store calls that raised (lookups included)
     bytes_loaded: int = 0
     bytes_saved: int = 0

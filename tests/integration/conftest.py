@@ -52,9 +52,14 @@ def run_job(tiny_model: str) -> Callable[..., dict[str, Any]]:
     return run
 
 
-def generate(*prompts: list[int], max_tokens: int = 8) -> dict[str, Any]:
-    """A generate step."""
-    return {"op": "generate", "prompts": list(prompts), "max_tokens": max_tokens}
+def generate(*prompts: list[int], max_tokens: int = 8, logprobs: bool = False) -> dict[str, Any]:
+    """A generate step (with each generated token's log-probability if ``logprobs``)."""
+    return {
+        "op": "generate",
+        "prompts": list(prompts),
+        "max_tokens": max_tokens,
+        "logprobs": logprobs,
+    }
 
 
 def results(run: dict[str, Any], op: str = "generate") -> list[dict[str, Any]]:

@@ -130,11 +130,30 @@ class MuxWorker:
         self.sending.take_failed(sending)  # a failed save is only a future miss
         return sending, recving, self.recving.take_failed(recving)
 
-    def load_errors(self) -> set[int]:
-        """Blocks that failed to load this step, from any child or from the mux itself."""
-        errors, self._load_errors = self._load_errors, set()
+    def _gather_load_errors(self) -> set[int]:
+        """Every child's load errors so far, added to the mux's own; returns them all."""
         for i, child in enumerate(self.children):
-            errors |= self.guards[i].call(
+            self._load_errors |= self.guards[i].call(
                 "get_block_ids_with_load_errors", child.get_block_ids_with_load_errors, set()
             )
+        return self._load_errors
+
+    def settle_loads(self) -> None:
+        """Before any child saves: tell kvmux tiers which blocks failed to load in any child.
+
+        The forward pass computed later blocks over those, so no tier may save them; the
+        engine recomputes them and they are saved then.
+        """
+        failed = self._gather_load_errors()
+        if not failed:
+            return
+        for i, child in enumerate(self.children):
+            drop = getattr(child, "kvmux_drop_saves_over", None)
+            if drop is not None and self._saving[i]:
+                self.guards[i].call("kvmux_drop_saves_over", partial(drop, set(failed)), None)
+
+    def load_errors(self) -> set[int]:
+        """Blocks that failed to load this step, from any child or from the mux itself."""
+        errors = self._gather_load_errors()
+        self._load_errors = set()
         return errors

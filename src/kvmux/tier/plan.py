@@ -19,8 +19,23 @@ class BlockTransfer:
 
 @dataclass
 class TierStepPlan:
-    """Loads to run before the forward pass, saves and evictions after it."""
+    """Loads to run before the forward pass, saves and evictions after it.
+
+    ``tables`` holds, for every request with saves this step, its block ids up to its last
+    planned save: a block is only worth saving if no block before it in its request
+    failed to load this step (the forward pass computed it over that block).
+    """
 
     loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
     evictions: list[BlockKey] = field(default_factory=list)
+    tables: dict[str, list[int]] = field(default_factory=dict)  # req id -> its block ids
+
+    def blocks_computed_over(self, failed: set[int]) -> set[int]:
+        """Blocks at or after a failed block in any request's table: not to be saved."""
+        tainted: set[int] = set()
+        for table in self.tables.values():
+            first = next((i for i, block in enumerate(table) if block in failed), None)
+            if first is not None:
+                tainted.update(table[first:])
+        return tainted

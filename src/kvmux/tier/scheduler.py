@@ -93,8 +93,12 @@ class TierScheduler:
         self._pending_loads = []
         for request in scheduled:
             state = self._requests.get(request.req_id)
-            if state is not None:
-                plan.saves.extend(self._plan_saves(state, request))
+            if state is None:
+                continue
+            saves = self._plan_saves(state, request)
+            if saves:
+                plan.saves.extend(saves)
+                plan.tables[request.req_id] = list(request.block_ids[: state.saved_upto])
         plan.saves = list({t.key: t for t in plan.saves}.values())
         plan.evictions = self._view.record_saved(t.key for t in plan.saves)
         if plan.evictions:  # more new blocks than the tier holds: skip what it would drop
@@ -103,6 +107,9 @@ class TierScheduler:
         return plan
 
     def _plan_saves(self, state: _RequestState, request: ScheduledRequest) -> list[BlockTransfer]:
+        # The engine went back (a failed load is recomputed, or the request was
+        # preempted): blocks past its computed tokens are computed again, and saved then.
+        state.saved_upto = min(state.saved_upto, request.num_computed_tokens // self._block_size)
         done = request.num_computed_tokens + request.num_scheduled_tokens
         full = min(done // self._block_size, len(state.keys), len(request.block_ids))
         loaded = state.load or range(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -41,6 +41,7 @@ class TierWorker:
         self._pending: dict[bytes, Future[None]] = {}
         self._pending_lock = threading.Lock()
         self._load_errors: set[int] = set()
+        self._failed_this_step: set[int] = set()  # blocks whose load failed, until the save
         self._missing: set[BlockKey] = set()
         self._warned: set[str] = set()
 
@@ -65,6 +66,7 @@ class TierWorker:
 
     def load(self, loads: Sequence[BlockTransfer]) -> None:
         """Copy every planned block into the KV cache before the forward pass."""
+        self._failed_this_step = set()  # a new step: what failed before is settled
         if not loads or self._mover is None:
             return
         started = time.perf_counter()
@@ -73,6 +75,7 @@ class TierWorker:
         for data, transfer, skey in zip(self._fetch_all(keys), loads, keys, strict=True):
             if data is None or not self._install(transfer, skey, data):
                 self._load_errors.add(transfer.block_id)
+                self._failed_this_step.add(transfer.block_id)
                 self._missing.add(transfer.key)
                 failed += 1
         self._stats.add(
@@ -137,12 +140,29 @@ class TierWorker:
 
     # -- saves ---------------------------------------------------------------
 
+    def drop_saves_over(self, block_ids: Iterable[int]) -> None:
+        """Blocks another connector failed to load this step: do not save what used them."""
+        self._failed_this_step.update(block_ids)
+
+    def _untainted(self, plan: TierStepPlan) -> list[BlockTransfer]:
+        """The planned saves, less blocks computed over a block that failed to load."""
+        failed, self._failed_this_step = self._failed_this_step, set()
+        if not failed:
+            return plan.saves
+        tainted = plan.blocks_computed_over(failed)
+        dropped = [t for t in plan.saves if t.block_id in tainted]
+        if dropped:
+            self._missing.update(t.key for t in dropped)  # the scheduler's index forgets them
+            self._stats.add(tainted_saves=len(dropped))
+        return [t for t in plan.saves if t.block_id not in tainted]
+
     def save(self, plan: TierStepPlan) -> None:
         """Copy the planned blocks out now; encode and write them off the critical path."""
-        if self._mover is None or not (plan.saves or plan.evictions):
+        saves = self._untainted(plan)
+        if self._mover is None or not (saves or plan.evictions):
             return
-        copies = self._mover.copy_out([t.block_id for t in plan.saves]) if plan.saves else []
-        keys = [self._skey(t.key) for t in plan.saves]
+        copies = self._mover.copy_out([t.block_id for t in saves]) if saves else []
+        keys = [self._skey(t.key) for t in saves]
         evictions = [self._skey(k) for k in plan.evictions]
         future = self._writer.submit(self._write, keys, copies, evictions)
         with self._pending_lock:

@@ -39,17 +39,31 @@ def _make_llm(job: dict[str, Any]) -> Any:
 def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams, TokensPrompt
 
-    params = SamplingParams(temperature=0, max_tokens=step.get("max_tokens", 8), detokenize=False)
+    logprobs = 0 if step.get("logprobs") else None
+    params = SamplingParams(
+        temperature=0, max_tokens=step.get("max_tokens", 8), detokenize=False, logprobs=logprobs
+    )
     prompts = [TokensPrompt(prompt_token_ids=p) for p in step["prompts"]]
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - started
-    return {
+    result = {
         "seconds": elapsed,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "num_cached_tokens": [int(o.num_cached_tokens or 0) for o in outputs],
         "stats": _tier_counters(llm),
     }
+    if logprobs is not None:
+        result["logprobs"] = [_sampled_logprobs(o.outputs[0]) for o in outputs]
+    return result
+
+
+def _sampled_logprobs(completion: Any) -> list[float]:
+    """The log-probability of each generated token."""
+    return [
+        float(position[token].logprob)
+        for token, position in zip(completion.token_ids, completion.logprobs or [], strict=True)
+    ]
 
 
 def _abort_midway(llm: Any, step: dict[str, Any]) -> dict[str, Any]:

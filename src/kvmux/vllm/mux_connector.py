@@ -350,7 +350,8 @@ class MuxConnector(KVConnectorBase_V1):
         self._worker.each_saving("save_kv_layer", args, kwargs or None, per_layer=True)
 
     def wait_for_save(self) -> None:
-        """Every saving child finishes its step's saves."""
+        """Every saving child finishes its step's saves, once all load errors are known."""
+        self._worker.settle_loads()
         self._worker.each_saving("wait_for_save", ())
 
     def finish_forward(self) -> None:

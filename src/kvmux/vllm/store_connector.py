@@ -183,6 +183,11 @@ class StoreConnector(KVConnectorBase_V1):
         if plan is not None and self._worker is not None:
             self._worker.save(plan)
 
+    def kvmux_drop_saves_over(self, block_ids: set[int]) -> None:
+        """Blocks a sibling failed to load this step: save nothing computed over them."""
+        if self._worker is not None:
+            self._worker.drop_saves_over(block_ids)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks promised but missing or corrupt: the engine recomputes them."""
         return self._worker.take_load_errors() if self._worker is not None else set()

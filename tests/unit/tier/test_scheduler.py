@@ -286,6 +286,33 @@ def test_saves_never_include_blocks_just_loaded() -> None:
     assert plan.saves == [BlockTransfer(keys[0], 30), BlockTransfer(keys[3], 33)]
 
 
+def test_saves_carry_each_request_table_up_to_its_last_save() -> None:
+    view = ForgetfulView()
+    scheduler, _, _ = _scheduler(view)
+    _new_request(scheduler, "a", _prompt(3 * BS), [5, 6, 7])
+    _new_request(scheduler, "b", _prompt(3 * BS, seed=2), [8, 9, 10])
+    plan = scheduler.build(
+        [ScheduledRequest("a", 0, 2 * BS, [5, 6, 7]), ScheduledRequest("b", 0, 1, [8, 9, 10])]
+    )
+    assert plan.tables == {"a": [5, 6]}  # "b" has no full block yet: nothing to save
+
+
+def test_a_recomputed_range_is_saved_again() -> None:
+    """A failed load sends the engine back to block 2: blocks from there are saved anew."""
+    view = ForgetfulView()
+    scheduler, _, _ = _scheduler(view)
+    prompt = _prompt(6 * BS + 1)
+    keys = _keys(prompt)
+    ids = [10, 11, 12, 13, 14, 15, 16]
+    _new_request(scheduler, "r", prompt, ids)
+    first = scheduler.build([ScheduledRequest("r", 0, 5 * BS, ids)])
+    assert [t.key for t in first.saves] == keys[:5]
+    # the workers failed to load block 2 (say): the engine recomputes from there
+    again = scheduler.build([ScheduledRequest("r", 2 * BS, 4 * BS + 1, ids)])
+    assert [t.key for t in again.saves] == keys[2:6]
+    assert again.tables == {"r": ids[:6]}
+
+
 def test_blocks_the_tier_holds_are_not_saved_again() -> None:
     scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS)

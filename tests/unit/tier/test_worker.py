@@ -292,3 +292,62 @@ def test_load_stats_count_only_this_calls_failures(make_worker: MakeWorker) -> N
     loader.load([BlockTransfer(K_UNKNOWN, 4)])  # fails; errors not taken yet
     loader.load([BlockTransfer(K1, 4)])  # succeeds into the same block
     assert (stats.loaded_blocks, stats.load_errors) == (1, 1)
+
+
+# -- nothing computed over a failed load is saved -----------------------------------
+
+
+def test_a_failed_load_taints_the_later_blocks_of_its_request(make_worker: MakeWorker) -> None:
+    """Block 1 fails to load: blocks 2 and 3, computed over it, are not saved; block 0 is."""
+    store = MemoryStore(1 << 20)
+    stats = TierStats()
+    worker = make_worker(store, _caches("blocks_first", random=True), stats=stats)
+    worker.load([BlockTransfer(K_UNKNOWN, 1)])  # missing from the store: a failed load
+    plan = TierStepPlan(
+        saves=[BlockTransfer(K1, 0), BlockTransfer(K3, 2), BlockTransfer(K_OTHER, 3)],
+        tables={"r": [0, 1, 2, 3], "other": [4, 5]},
+    )
+    worker.save(plan)
+    worker.flush()
+    assert store.contains(store_key(K1, 0))
+    assert not store.contains(store_key(K3, 0))
+    assert not store.contains(store_key(K_OTHER, 0))
+    assert stats.tainted_saves == 2
+    assert worker.take_missing() == {K_UNKNOWN, K3, K_OTHER}  # the scheduler forgets them
+    assert worker.take_load_errors() == {1}
+
+
+def test_failures_do_not_outlive_their_step(make_worker: MakeWorker) -> None:
+    store = MemoryStore(1 << 20)
+    worker = make_worker(store, _caches("blocks_first", random=True))
+    worker.load([BlockTransfer(K_UNKNOWN, 1)])
+    worker.save(TierStepPlan())  # the failing step ends
+    worker.load([])  # the next step: block 1 now holds recomputed KV
+    worker.save(TierStepPlan(saves=[BlockTransfer(K3, 2)], tables={"r": [0, 1, 2]}))
+    worker.flush()
+    assert store.contains(store_key(K3, 0))
+
+
+def test_a_sibling_failure_taints_saves_too(make_worker: MakeWorker) -> None:
+    """MuxConnector passes on blocks another child failed to load, before the save."""
+    store = MemoryStore(1 << 20)
+    worker = make_worker(store, _caches("blocks_first", random=True))
+    worker.load([])
+    worker.drop_saves_over({2})
+    worker.save(
+        TierStepPlan(
+            saves=[BlockTransfer(K1, 1), BlockTransfer(K3, 2), BlockTransfer(K_OTHER, 3)],
+            tables={"r": [1, 2, 3]},
+        )
+    )
+    worker.flush()
+    assert store.contains(store_key(K1, 0))
+    assert not store.contains(store_key(K3, 0))
+    assert not store.contains(store_key(K_OTHER, 0))
+
+
+def test_blocks_computed_over() -> None:
+    plan = TierStepPlan(tables={"a": [1, 2, 3, 4], "b": [9, 3, 7], "c": [5, 6]})
+    assert plan.blocks_computed_over({3}) == {3, 4, 7}
+    assert plan.blocks_computed_over({5, 4}) == {4, 5, 6}
+    assert plan.blocks_computed_over(set()) == set()

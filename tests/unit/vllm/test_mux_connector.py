@@ -379,6 +379,26 @@ def test_request_finished_all_groups_gives_non_hma_children_group_zero() -> None
 # -- metadata -----------------------------------------------------------------------------
 
 
+def test_every_load_error_reaches_the_tiers_before_any_child_saves() -> None:
+    """Child a fails block 101: b must not save what the forward pass computed over it."""
+    engine = compose_engine(a={"load_errors": [101]})
+    engine.schedule(request(), computed=16)
+    scripted.ORDER.clear()
+    step = engine.step()
+    assert step.load_errors == {101}
+    for name in ("a", "b"):
+        assert args_of(name, "kvmux_drop_saves_over") == [({101},)]
+        hooks = [hook for child, hook in scripted.ORDER if child == name]
+        assert hooks.index("kvmux_drop_saves_over") < hooks.index("wait_for_save")
+
+
+def test_no_load_error_no_drop() -> None:
+    engine = compose_engine()
+    engine.schedule(request(), computed=16)
+    assert engine.step().load_errors == set()
+    assert args_of("b", "kvmux_drop_saves_over") == []
+
+
 def test_metadata_bound_to_each_child_in_order() -> None:
     engine = compose_engine()
     engine.schedule(request(), computed=16)
@@ -410,6 +430,7 @@ def test_every_child_gets_the_worker_hooks() -> None:
             "start_load_kv",
             "wait_for_layer_load",
             "save_kv_layer",
+            "get_block_ids_with_load_errors",  # every child's load errors before any saves
             "wait_for_save",
             "get_transfer_results",
             "get_block_ids_with_load_errors",

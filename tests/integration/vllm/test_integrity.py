@@ -1,0 +1,115 @@
+"""Integrity in real vLLM: nothing computed over a failed load is ever stored or served.
+
+The oracle is stronger than equal greedy tokens: stored KV is compared with the entries of
+a clean run, and the log-probabilities of generated tokens with a run without connector
+(float32: exact loads move them by about 1e-6, one wrong block by far more).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvmux import codec
+from tests.integration.conftest import generate, make_prompt, results, store_kv
+
+pytestmark = pytest.mark.vllm
+torch = pytest.importorskip("torch")
+
+BLOCK = 128  # the CPU backend's block size
+LONG = make_prompt(40, 13 * BLOCK + 1)  # 13 full blocks below its last token
+HEAD = LONG[: 10 * BLOCK + 1]  # its first 10 full blocks
+MUXED = make_prompt(41, 9 * BLOCK + 1)
+KV_TOLERANCE = 1e-3  # recomputed KV differs from a clean run by float rounding only
+LOGPROB_TOLERANCE = 1e-3
+
+Run = Callable[..., dict[str, Any]]
+
+
+def disk(path: Path) -> dict[str, Any]:
+    return {"type": "disk", "path": str(path), "capacity": "256MiB"}
+
+
+def entries(folder: Path) -> dict[str, Any]:
+    """Every entry of a disk tier, by file name, as one float tensor of its payload."""
+    found = {}
+    for path in folder.glob("??/*.kvx"):
+        data = path.read_bytes()
+        header_len = int.from_bytes(data[8:12], "little")
+        header = json.loads(data[12 : 12 + header_len])
+        entry = codec.decode(data, bytes.fromhex(header["ns"]), bytes.fromhex(header["key"]))
+        found[path.name] = torch.frombuffer(bytearray(entry.payload), dtype=torch.float32)
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(run_job: Run) -> dict[str, Any]:
+    """Tokens and log-probabilities without any connector."""
+    run = run_job([generate(LONG, MUXED, logprobs=True)], enable_prefix_caching=False)
+    return results(run)[0]
+
+
+def assert_same_logprobs(step: dict[str, Any], reference: dict[str, Any], index: int) -> None:
+    assert step["tokens"][0] == reference["tokens"][index]
+    got, want = step["logprobs"][0], reference["logprobs"][index]
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < LOGPROB_TOLERANCE
+
+
+def test_blocks_computed_over_a_failed_load_are_not_stored(
+    run_job: Run, tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """A corrupt entry among 10 loaded blocks: the 3 blocks computed after them are not
+    stored over it, and every block is stored exactly as a clean run stores it."""
+    clean, dirty = tmp_path / "clean", tmp_path / "dirty"
+    run_job([generate(LONG)], kv=store_kv(disk(clean)), enable_prefix_caching=False)
+    steps = [
+        generate(HEAD),
+        {"op": "corrupt", "path": str(dirty), "count": 1},
+        generate(LONG, logprobs=True),
+        generate(LONG, logprobs=True),  # now served from the tier
+    ]
+    run = run_job(steps, kv=store_kv(disk(dirty)), enable_prefix_caching=False)
+    _, failing, served = results(run)
+    assert run["stats"]["disk"]["load_errors"] >= 1
+    assert run["stats"]["disk"]["tainted_saves"] >= 1
+    assert served["num_cached_tokens"] == [13 * BLOCK]
+    assert_same_logprobs(failing, reference, 0)
+    assert_same_logprobs(served, reference, 0)
+    want, got = entries(clean), entries(dirty)
+    assert len(want) == 13
+    assert set(got) == set(want)  # the corrupt block was stored again once recomputed
+    worst = max(float((got[name] - want[name]).abs().max()) for name in want)
+    print(f"stored KV vs a clean run: max |diff| {worst:.2e} over {len(want)} blocks")
+    assert worst < KV_TOLERANCE
+
+
+def test_a_sibling_never_stores_what_another_child_failed_to_load(
+    run_job: Run, tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """The disk child fails one block of its hit; the memory child must not keep those
+    blocks (never loaded, or computed over one that was not) and serve them next time."""
+    folder = tmp_path / "shared-disk"
+    memory = {"type": "memory", "capacity": "64MiB", "name": "memory"}
+    kv = {
+        "kv_connector": "MuxConnector",
+        "kv_connector_module_path": "kvmux.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"policy": "first", "tiers": [memory, disk(folder)]},
+    }
+    run_job([generate(MUXED)], kv=kv, enable_prefix_caching=False)  # fills the disk tier
+    steps = [
+        {"op": "corrupt", "path": str(folder), "count": 1},
+        generate(MUXED, logprobs=True),  # memory empty: the disk child loads, one block fails
+        generate(MUXED, logprobs=True),  # served from the memory child
+    ]
+    run = run_job(steps, kv=kv, enable_prefix_caching=False)
+    failing, served = results(run)
+    assert run["stats"]["disk"]["load_errors"] >= 1
+    assert served["num_cached_tokens"] == [9 * BLOCK]
+    assert run["stats"]["memory"]["hit_tokens"] == 9 * BLOCK
+    assert_same_logprobs(failing, reference, 1)
+    assert_same_logprobs(served, reference, 1)
