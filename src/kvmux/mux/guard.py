@@ -47,9 +47,20 @@ class ChildGuard:
         self._logged_hooks: set[str] = set()
         self._reported_trips = 0  # breaker trips already counted in an earlier interval
 
-    def call(self, hook: str, fn: Callable[[], T], default: T, timer: str | None = None) -> T:
-        """Run ``fn``; on an exception or an open breaker return ``default``."""
-        return self.invoke(hook, fn, (), default, timer)
+    def call(
+        self,
+        hook: str,
+        fn: Callable[[], T],
+        default: T,
+        timer: str | None = None,
+        always: bool = False,
+    ) -> T:
+        """Run ``fn``; on an exception (or an open breaker, unless ``always``) ``default``."""
+        return self.invoke(hook, fn, (), default, timer, always=always)
+
+    def cut_off(self) -> bool:
+        """Whether the child's data path is cut off now (breaker open, not yet half-open)."""
+        return not self.breaker.is_closed and not self.breaker.allow()
 
     def invoke(
         self,
@@ -59,10 +70,16 @@ class ChildGuard:
         default: T,
         timer: str | None = None,
         kwargs: dict[str, Any] | None = None,
+        always: bool = False,
     ) -> T:
-        """``method(*args, **kwargs)``; on an exception or an open breaker return ``default``."""
+        """``method(*args, **kwargs)``; on an exception return ``default``.
+
+        An open breaker skips data-path hooks (lookups, loads, saves). Lifecycle and
+        completion hooks pass ``always``: they run whatever the breaker says, since
+        skipping them would leak the child's state or misreport its transfers.
+        """
         breaker = self.breaker
-        if not breaker.is_closed and not breaker.allow():
+        if not always and not breaker.is_closed and not breaker.allow():
             self.counters["skipped_calls"] += 1
             return default
         started = time.perf_counter() if timer is not None else 0.0
@@ -74,7 +91,7 @@ class ChildGuard:
         finally:
             if timer is not None:
                 self.counters[timer] += time.perf_counter() - started
-        if not breaker.is_closed:  # the half-open trial call succeeded
+        if not always and not breaker.is_closed:  # the half-open trial call succeeded
             log.warning("kvmux mux: child %s recovered, breaker closed", self.label)
             self._logged_hooks.clear()
             breaker.record_success()

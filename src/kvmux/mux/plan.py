@@ -15,6 +15,7 @@ class MuxStepPlan:
     failed_blocks: list[int] = field(default_factory=list)  # blocks whose loader already failed
     async_loaders: dict[str, set[int]] = field(default_factory=dict)  # req -> children loading it
     async_savers: dict[str, set[int]] = field(default_factory=dict)  # req -> children saving it
+    cut_off: set[int] = field(default_factory=set)  # children that neither load nor save
 
     def fail_child(self, child: int) -> None:
         """The child's loads this step will not happen: their blocks are load errors."""

@@ -81,16 +81,18 @@ class MuxScheduler:
         block_ids = blocks.get_block_ids()[0] if plan else []
         failed: set[int] = set()
         for i, child in enumerate(self.children):
-            tokens = share[i].tokens if i in share else 0
-            ok = self.guards[i].call(
+            cut_off = self.guards[i].cut_off()  # opened since the lookup: it loads nothing
+            tokens = share[i].tokens if i in share and not cut_off else 0
+            told = self.guards[i].call(  # always told, so no child keeps a stale lookup
                 "update_state_after_alloc",
                 succeeded(child.update_state_after_alloc, request, blocks, tokens),
                 False,
+                always=True,
             )
             if i not in share:
                 continue
             owned = _blocks_of(share[i], block_ids, self.block_size)
-            if ok:
+            if told and not cut_off:
                 self.guards[i].counters["hit_tokens"] += tokens
                 self._step.load_blocks.setdefault(i, []).extend(owned)
             else:
@@ -102,11 +104,16 @@ class MuxScheduler:
         self._plans[req_id] = plan
 
     def take_step(self, child_metas: Sequence[Any | None]) -> MuxStepPlan:
-        """This step's plan; a child whose metadata failed loses its loads."""
+        """This step's plan; a child whose metadata failed, or that is cut off, loses its loads.
+
+        A cut-off child still built its metadata and its workers still bind it (nothing
+        it planned outlives the step), but they run none of its loads or saves.
+        """
         step, self._step = self._step, MuxStepPlan()
         for i, meta in enumerate(child_metas):
-            if meta is None:
+            if meta is None or self.guards[i].cut_off():
                 step.fail_child(i)
+                step.cut_off.add(i)
         return step
 
     def finished(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -12,6 +14,7 @@ from kvmux.mux.plan import MuxStepPlan
 
 __all__ = ["MuxWorker", "TransferResult"]
 
+log = logging.getLogger("kvmux.mux")
 _FAILED: Any = object()  # what a guarded hook returns when the child raised or was skipped
 TransferResult = tuple[set[str], set[str], set[str]]  # sending, recving, failed recving
 
@@ -19,9 +22,18 @@ TransferResult = tuple[set[str], set[str], set[str]]  # sending, recving, failed
 class MuxWorker:
     """Step state of the worker side: which children are live, what failed, who owes what."""
 
-    def __init__(self, children: Sequence[Any], guards: Sequence[ChildGuard]):
+    def __init__(
+        self,
+        children: Sequence[Any],
+        guards: Sequence[ChildGuard],
+        give_up_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.children = children
         self.guards = guards
+        self._give_up_seconds = give_up_seconds  # how long a failing child's sends are held
+        self._clock = clock
+        self._silent_since: dict[int, float] = {}  # child -> when its reports started failing
         self.recving = FinishTracker()
         self.sending = FinishTracker()
         self._step = MuxStepPlan()
@@ -49,9 +61,14 @@ class MuxWorker:
                 "bind_connector_metadata",
                 succeeded(child.bind_connector_metadata, meta),
                 False,
+                always=True,  # a cut-off child still sees its step (preemptions, its plan)
             )
-            self._loading[i] = self._saving[i] = self._bound[i] = bool(bound)
-            if not bound:
+            cut_off = i in plan.cut_off or self.guards[i].cut_off()
+            if bound and cut_off:
+                self.guards[i].counters["skipped_calls"] += 1
+            self._bound[i] = bool(bound)
+            self._loading[i] = self._saving[i] = bool(bound) and not cut_off
+            if not self._loading[i]:
                 self._lose_loads(i)
 
     def _lose_loads(self, i: int) -> None:
@@ -118,11 +135,13 @@ class MuxWorker:
                 "get_transfer_results",
                 partial(child.get_transfer_results, finished_req_ids),
                 None,
+                always=True,  # never skipped: only the child knows when its transfers end
             )
-            if result is None:  # raised, or skipped by its breaker: it owes nothing more
+            if result is None:  # it raised: its loads are failed (recomputed)
                 recving |= self.recving.abandon_child(i)
-                sending |= self.sending.abandon_child(i)
+                sending |= self._sends_given_up(i)
                 continue
+            self._silent_since.pop(i, None)
             failed = set(result.failed_recving)
             recving |= self.recving.report(i, failed, failed=True)
             recving |= self.recving.report(i, set(result.finished_recving) - failed)
@@ -130,11 +149,34 @@ class MuxWorker:
         self.sending.take_failed(sending)  # a failed save is only a future miss
         return sending, recving, self.recving.take_failed(recving)
 
+    def _sends_given_up(self, i: int) -> set[str]:
+        """Sends of a child that cannot report: held until it has failed for a while.
+
+        Releasing them at once could let the engine reuse blocks the child still reads;
+        holding them for ever would leak those blocks if the child never comes back.
+        """
+        now = self._clock()
+        since = self._silent_since.setdefault(i, now)
+        if now - since < self._give_up_seconds:
+            return set()
+        given_up = self.sending.abandon_child(i)
+        if given_up:
+            log.error(
+                "kvmux mux: child %s reported no transfers for %.0f s; releasing %d requests",
+                self.guards[i].label,
+                now - since,
+                len(given_up),
+            )
+        return given_up
+
     def _gather_load_errors(self) -> set[int]:
         """Every child's load errors so far, added to the mux's own; returns them all."""
         for i, child in enumerate(self.children):
             self._load_errors |= self.guards[i].call(
-                "get_block_ids_with_load_errors", child.get_block_ids_with_load_errors, set()
+                "get_block_ids_with_load_errors",
+                child.get_block_ids_with_load_errors,
+                set(),
+                always=True,
             )
         return self._load_errors
 
@@ -150,7 +192,8 @@ class MuxWorker:
         for i, child in enumerate(self.children):
             drop = getattr(child, "kvmux_drop_saves_over", None)
             if drop is not None and self._saving[i]:
-                self.guards[i].call("kvmux_drop_saves_over", partial(drop, set(failed)), None)
+                call = partial(drop, set(failed))
+                self.guards[i].call("kvmux_drop_saves_over", call, None, always=True)
 
     def load_errors(self) -> set[int]:
         """Blocks that failed to load this step, from any child or from the mux itself."""

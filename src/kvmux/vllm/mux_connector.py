@@ -67,7 +67,9 @@ class MuxConnector(KVConnectorBase_V1):
         self._scheduler = MuxScheduler(
             self._children, self._guards, self.config.policy, offset_capable, block_size
         )
-        self._worker = MuxWorker(self._children, self._guards)
+        self._worker = MuxWorker(
+            self._children, self._guards, give_up_seconds=self.config.breaker_max_seconds
+        )
         self._meta: MuxMetadata | None = None
         self._last_stats_log = time.monotonic()
         prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
@@ -80,9 +82,9 @@ class MuxConnector(KVConnectorBase_V1):
         return list(self._children)
 
     def _each(self, hook: str, call: Any, default: Any = None) -> list[Any]:
-        """``call(child)`` for every child, each guarded."""
+        """``call(child)`` for every child, each guarded; run even past an open breaker."""
         return [
-            g.invoke(hook, call, (c,), default)
+            g.invoke(hook, call, (c,), default, always=True)
             for c, g in zip(self._children, self._guards, strict=True)
         ]
 
@@ -208,6 +210,7 @@ class MuxConnector(KVConnectorBase_V1):
                     "update_connector_output",
                     partial(child.update_connector_output, connector_output),
                     None,
+                    always=True,
                 )
         finally:
             connector_output.kv_connector_worker_meta = meta
@@ -324,7 +327,10 @@ class MuxConnector(KVConnectorBase_V1):
         ):
             if meta is not None:
                 self._guards[i].call(
-                    "handle_preemptions", partial(child.handle_preemptions, meta), None
+                    "handle_preemptions",
+                    partial(child.handle_preemptions, meta),
+                    None,
+                    always=True,
                 )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
@@ -401,7 +407,9 @@ class MuxConnector(KVConnectorBase_V1):
         """Per-child counters of this interval, keyed by position and name."""
         data: dict[str, Any] = {}
         for child, guard in zip(self._children, self._guards, strict=True):
-            child_stats = guard.call("get_kv_connector_stats", child.get_kv_connector_stats, None)
+            child_stats = guard.call(
+                "get_kv_connector_stats", child.get_kv_connector_stats, None, always=True
+            )
             entry: dict[str, Any] = dict(guard.snapshot())
             if child_stats is not None and not child_stats.is_empty():
                 entry["child"] = {

@@ -248,6 +248,9 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._record("get_block_ids_with_load_errors")
         return set(self._take("load_errors"))
 
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        self._record("handle_preemptions", kv_connector_metadata)
+
     def kvmux_drop_saves_over(self, block_ids: set[int]) -> None:
         self._record("kvmux_drop_saves_over", set(block_ids))
 

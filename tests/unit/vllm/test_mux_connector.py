@@ -26,6 +26,7 @@ from vllm.v1.outputs import KVConnectorOutput
 import kvmux.vllm.mux_connector as mux_module
 from kvmux.errors import ConfigError
 from kvmux.mux.scheduler import TransferParamsClash
+from kvmux.mux.worker import MuxWorker
 from kvmux.policies.breaker import CircuitBreaker
 from kvmux.vllm import MuxConnector
 from kvmux.vllm.metadata import MuxMetadata, MuxWorkerMetadata
@@ -75,6 +76,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
     scripted.reset()
     fake = Clock()
     monkeypatch.setattr(mux_module, "CircuitBreaker", functools.partial(CircuitBreaker, clock=fake))
+    monkeypatch.setattr(mux_module, "MuxWorker", functools.partial(MuxWorker, clock=fake))
     yield fake
     scripted.reset()
 
@@ -641,7 +643,7 @@ class Scenario:
     fire: Callable[[], Any]
     check: Callable[[Any], None]  # what the first fire returned shows "b" working
     role: str
-    guarded: bool = True  # later calls are skipped while the breaker is open (not shutdown)
+    guarded: bool = True  # a data-path hook: skipped while the breaker is open
 
 
 def _scheduler_scenario(hook: str) -> Scenario:
@@ -761,8 +763,9 @@ def _worker_scenario(hook: str) -> Scenario:
         script("b")["finished_sending"] = ["b-saved"]
 
         def check(result: Any) -> None:
-            # a raised: what it owed counts as finished; b reported its share of "b-saved"
-            assert result.finished_sending == {"saved", "b-saved"}
+            # a raised: its sends stay owed (it may still read their blocks), so neither
+            # "saved" (a's alone) nor "b-saved" (b reported its share) is finished yet
+            assert result.finished_sending == set()
 
         return Scenario(w, lambda: w.get_transfer_results(set()), check, "WORKER")
     if hook == "get_block_ids_with_load_errors":
@@ -808,8 +811,19 @@ WORKER_HOOKS = [
 ]
 
 
+DATA_PATH = {  # the hooks an open breaker skips; every other hook always runs
+    "get_num_new_matched_tokens",
+    "start_load_kv",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_save",
+}
+
+
 def scenario(hook: str) -> Scenario:
-    return _scheduler_scenario(hook) if hook in SCHEDULER_HOOKS else _worker_scenario(hook)
+    s = _scheduler_scenario(hook) if hook in SCHEDULER_HOOKS else _worker_scenario(hook)
+    s.guarded = hook in DATA_PATH
+    return s
 
 
 @pytest.mark.parametrize("hook", SCHEDULER_HOOKS + WORKER_HOOKS)
@@ -829,24 +843,33 @@ def test_failing_child_never_propagates_and_trips_its_breaker(hook: str) -> None
     assert b.breaker.state == "closed"
 
 
-@pytest.mark.parametrize("hook", SCHEDULER_HOOKS + WORKER_HOOKS)
-def test_open_breaker_skips_the_child_until_the_backoff_passed(hook: str, clock: Clock) -> None:
+@pytest.mark.parametrize("hook", sorted(set(SCHEDULER_HOOKS + WORKER_HOOKS) - DATA_PATH))
+def test_lifecycle_and_completion_hooks_run_past_an_open_breaker(hook: str) -> None:
+    """Skipping them would leak the child's state or misreport its transfers."""
+    s = scenario(hook)
+    s.fire()
+    assert guard(s.mux, 0).breaker.state == "open"
+    s.fire()
+    assert len(args_of("a", hook, s.role)) == 2
+    assert guard(s.mux, 0).counters["skipped_calls"] == 0
+
+
+@pytest.mark.parametrize("hook", sorted(DATA_PATH))
+def test_open_breaker_skips_the_data_path_until_the_backoff_passed(hook: str, clock: Clock) -> None:
     s = scenario(hook)
     s.fire()
     b_calls = len(calls("b", hook, s.role))
-    if s.guarded:
-        s.fire()
-        assert len(args_of("a", hook, s.role)) == 1  # skipped while open
-        assert len(calls("b", hook, s.role)) > b_calls  # the other child keeps working
-        assert guard(s.mux, 0).counters["skipped_calls"] >= 1
+    s.fire()
+    assert len(args_of("a", hook, s.role)) == 1  # skipped while open
+    assert len(calls("b", hook, s.role)) > b_calls  # the other child keeps working
+    assert guard(s.mux, 0).counters["skipped_calls"] >= 1
     script("a")["raise_in"] = []
     clock.advance(BREAKER)
     assert guard(s.mux, 0).breaker.state == "half-open"
     s.fire()
     assert len(args_of("a", hook, s.role)) == 2
     assert guard(s.mux, 0).counters["errors"] == 1
-    if s.guarded:
-        assert guard(s.mux, 0).breaker.state == "closed"
+    assert guard(s.mux, 0).breaker.state == "closed"
 
 
 def test_shutdown_reaches_every_child_even_with_an_open_breaker() -> None:
@@ -872,15 +895,78 @@ def test_failure_in_a_hook_outside_the_step_still_counts() -> None:
     assert args_of("b", "reset_cache") == [()]
 
 
-def test_open_breaker_skips_a_child_in_every_later_hook(clock: Clock) -> None:
+def test_open_breaker_cuts_a_child_off_the_data_path_only(clock: Clock) -> None:
     engine = compose_engine(a={"raise_in": ["start_load_kv"]})
     engine.schedule(request(), computed=16)
     engine.step()
     assert guard(engine.worker, 0).breaker.state == "open"
     before = len(calls("a", role="WORKER"))
     engine.step()
-    assert len(calls("a", role="WORKER")) == before
-    assert guard(engine.worker, 0).counters["skipped_calls"] >= 4
+    later = [c.hook for c in calls("a", role="WORKER")[before:]]
+    assert later == [
+        "bind_connector_metadata",
+        "get_block_ids_with_load_errors",
+        "get_transfer_results",
+        "get_block_ids_with_load_errors",
+        "clear_connector_metadata",
+    ]  # bound, but no load or save; completion hooks still run
+    assert guard(engine.worker, 0).counters["skipped_calls"] >= 1
+
+
+def test_sends_of_a_failing_child_are_held_then_given_up(clock: Clock) -> None:
+    """Never reported finished while the child may still read the blocks; not held for ever."""
+    engine = compose_engine(a={"async_save": True, "raise_in": ["get_transfer_results"]})
+    engine.sched.request_finished(request("saved"), BLOCK_IDS)
+    assert engine.step().results.finished_sending == set()
+    clock.advance(30)
+    assert engine.step().results.finished_sending == set()
+    clock.advance(31)  # past breaker_max_seconds (60 s) of failing reports
+    assert engine.step().results.finished_sending == {"saved"}
+    assert engine.step().results.finished_sending == set()  # once
+
+
+def test_sends_complete_when_a_failing_child_reports_again(clock: Clock) -> None:
+    engine = compose_engine(a={"async_save": True, "raise_in": ["get_transfer_results"]})
+    engine.sched.request_finished(request("saved"), BLOCK_IDS)
+    assert engine.step().results.finished_sending == set()
+    script("a")["raise_in"] = []
+    script("a")["finished_sending"] = ["saved"]
+    assert engine.step().results.finished_sending == {"saved"}
+
+
+def test_a_cut_off_child_still_builds_its_step_and_loses_its_loads(clock: Clock) -> None:
+    """No plan outlives its step: the child builds it, and it is dropped, not replayed."""
+    engine = compose_engine()
+    engine.schedule(request(), computed=16)  # a loads blocks 101, 102
+    guard(engine.sched, 0).breaker.force_open()
+    meta = engine.meta()
+    assert len(args_of("a", "build_connector_meta")) == 1
+    assert meta.plan.cut_off == {0}
+    assert meta.plan.failed_blocks == [101, 102]
+    assert engine.step(meta=meta).load_errors == {101, 102}
+    assert args_of("a", "start_load_kv") == [] and args_of("a", "wait_for_save") == []
+    assert len(args_of("a", "bind_connector_metadata", "WORKER")) == 1
+
+
+def test_a_child_cut_off_between_lookup_and_alloc_loads_nothing(clock: Clock) -> None:
+    engine = compose_engine()
+    sched = engine.sched
+    assert sched.get_num_new_matched_tokens(request(), 16) == (48, False)
+    guard(sched, 0).breaker.force_open()
+    sched.update_state_after_alloc(request(), Blocks(BLOCK_IDS), 48)
+    assert args_of("a", "update_state_after_alloc") == [("r1", BLOCK_IDS, 0)]
+    assert args_of("b", "update_state_after_alloc") == [("r1", BLOCK_IDS, 16)]
+    assert engine.meta().plan.failed_blocks == [101, 102]
+
+
+def test_lifecycle_hooks_reach_a_cut_off_child(clock: Clock) -> None:
+    engine = compose_engine()
+    for mux in (engine.sched, engine.worker):
+        guard(mux, 0).breaker.force_open()
+    engine.sched.request_finished(request(), BLOCK_IDS)
+    engine.worker.handle_preemptions(engine.meta())
+    assert len(args_of("a", "request_finished")) == 1
+    assert len(args_of("a", "handle_preemptions")) == 1
 
 
 def test_worker_breaker_opens_the_scheduler_breaker(clock: Clock) -> None:
@@ -1149,4 +1235,4 @@ def test_error_in_child_stats_is_reported() -> None:
     assert guard(mux, 0).breaker.state == "open"
     second = mux.get_kv_connector_stats()
     reported = sum(s.data[A]["errors"] for s in (first, second) if s is not None)
-    assert reported == 1.0
+    assert reported == 2.0  # stats are asked for past an open breaker too: both errors count
