@@ -69,12 +69,16 @@ def parse_capacity(value: Any, key: str) -> int:
     return size
 
 
+DEFAULT_SAVE_QUEUE = 256 * 2**20
+
+
 @dataclass(frozen=True)
 class MemorySpec:
     """Host memory in the worker process, LRU within a byte budget."""
 
     capacity: int  # byte budget, never exceeded
     name: str = "memory"  # label used in logs and stats
+    save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class DiskSpec:
     path: Path  # directory holding the entries (created 0700 if missing)
     capacity: int  # byte budget; oldest entries are evicted past it
     name: str = "disk"  # label used in logs and stats
+    save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
 
 
 @dataclass(frozen=True)
@@ -105,13 +110,14 @@ class RedisSpec:
     key: str | None = None  # TLS: client key path
     lookup_wait: float = 0.005  # seconds the scheduler waits for a lookup before asking again
     breaker_seconds: float = 1.0  # first back-off after the server failed
+    save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
 
 
 StoreSpec = MemorySpec | DiskSpec | RedisSpec
 
 _STORE_KEYS: dict[str, frozenset[str]] = {
-    "memory": frozenset({"type", "capacity", "name"}),
-    "disk": frozenset({"type", "path", "capacity", "name"}),
+    "memory": frozenset({"type", "capacity", "name", "save_queue"}),
+    "disk": frozenset({"type", "path", "capacity", "name", "save_queue"}),
     "redis": frozenset(
         {
             "type",
@@ -130,6 +136,7 @@ _STORE_KEYS: dict[str, frozenset[str]] = {
             "key",
             "lookup_wait",
             "breaker_seconds",
+            "save_queue",
         }
     ),
 }
@@ -175,14 +182,22 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
     if kind == "redis":
         return _parse_redis(spec, where)
     capacity = parse_capacity(_required(spec, "capacity", where), f"{where}.capacity")
+    queue = _save_queue(spec, where)
     if kind == "memory":
-        return MemorySpec(capacity=capacity, name=_name(spec, "memory", where))
+        return MemorySpec(capacity=capacity, name=_name(spec, "memory", where), save_queue=queue)
     path = _required(spec, "path", where)
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}.path", f"expected a directory path, got {path!r}")
     return DiskSpec(
-        path=Path(path).expanduser(), capacity=capacity, name=_name(spec, "disk", where)
+        path=Path(path).expanduser(),
+        capacity=capacity,
+        name=_name(spec, "disk", where),
+        save_queue=queue,
     )
+
+
+def _save_queue(spec: Mapping[str, Any], where: str) -> int:
+    return parse_capacity(spec.get("save_queue", DEFAULT_SAVE_QUEUE), f"{where}.save_queue")
 
 
 def _positive_number(spec: Mapping[str, Any], key: str, default: float, where: str) -> float:
@@ -236,6 +251,7 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
         key=_optional_str(spec, "key", where),
         lookup_wait=_positive_number(spec, "lookup_wait", 0.005, where),
         breaker_seconds=_positive_number(spec, "breaker_seconds", 1.0, where),
+        save_queue=_save_queue(spec, where),
     )
 
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field, fields
 
 __all__ = ["GAUGES", "TierStats"]
 
-GAUGES = frozenset({"stored_bytes", "peak_stored_bytes"})  # levels: maxed, never summed
+GAUGES = frozenset(  # levels: maxed, never summed
+    {"stored_bytes", "peak_stored_bytes", "peak_save_queue_bytes"}
+)
 
 
 @dataclass
@@ -26,6 +28,7 @@ class TierStats:
     saved_blocks: int = 0  # blocks written to the store
     save_errors: int = 0  # blocks that could not be written (dropped)
     tainted_saves: int = 0  # blocks not saved: computed over a block that failed to load
+    dropped_saves: int = 0  # blocks not saved: the save queue was full (the store is slow)
     store_errors: int = 0  # store calls that raised (lookups included)
     bytes_loaded: int = 0
     bytes_saved: int = 0
@@ -33,6 +36,7 @@ class TierStats:
     save_seconds: float = 0.0
     stored_bytes: int = 0  # bytes the store holds, as of the last write (this process)
     peak_stored_bytes: int = 0  # highest stored_bytes seen
+    peak_save_queue_bytes: int = 0  # most host bytes of saves ever waiting for the store
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: float) -> None:
@@ -46,6 +50,11 @@ class TierStats:
         with self._lock:
             self.stored_bytes = stored
             self.peak_stored_bytes = max(self.peak_stored_bytes, stored)
+
+    def observe_save_queue(self, queued: int) -> None:
+        """Record the save queue's current size and keep its peak."""
+        with self._lock:
+            self.peak_save_queue_bytes = max(self.peak_save_queue_bytes, queued)
 
     def snapshot(self) -> dict[str, float]:
         """A plain copy of the counters."""

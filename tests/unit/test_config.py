@@ -296,3 +296,19 @@ def test_specs_are_frozen(instance: object, field: str) -> None:
 def test_specs_are_hashable_values() -> None:
     assert hash(MemorySpec(1)) == hash(MemorySpec(1))
     assert {DiskSpec(Path("/a"), 1), DiskSpec(Path("/a"), 1)} == {DiskSpec(Path("/a"), 1)}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"type": "memory", "capacity": "1GiB"},
+        {"type": "disk", "path": "/tmp/kvmux-unit", "capacity": "1GiB"},
+        {"type": "redis", "url": "redis://127.0.0.1:6379/0"},
+    ],
+)
+def test_every_store_takes_a_save_queue_bound(raw: dict[str, Any]) -> None:
+    assert parse_store_spec(raw).save_queue == 256 * 2**20
+    assert parse_store_spec({**raw, "save_queue": "64MiB"}).save_queue == 64 * 2**20
+    with pytest.raises(ConfigError) as info:
+        parse_store_spec({**raw, "save_queue": "lots"})
+    assert info.value.key == "store.save_queue"

@@ -49,7 +49,7 @@ def test_observe_stored_keeps_the_peak() -> None:
     stats.observe_stored(100)
     snapshot = stats.snapshot()
     assert (snapshot["stored_bytes"], snapshot["peak_stored_bytes"]) == (100, 300)
-    assert {"stored_bytes", "peak_stored_bytes"} == GAUGES
+    assert {"stored_bytes", "peak_stored_bytes", "peak_save_queue_bytes"} == GAUGES
 
 
 def test_error_tree() -> None:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 from kvmux import codec
+from kvmux.config import DEFAULT_SAVE_QUEUE
 from kvmux.errors import CorruptEntry, StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
@@ -30,7 +31,14 @@ _READERS = 4
 class TierWorker:
     """Moves blocks between one store and the engine's KV cache for one rank."""
 
-    def __init__(self, store: KVStore, namespace: bytes, rank: int, stats: TierStats):
+    def __init__(
+        self,
+        store: KVStore,
+        namespace: bytes,
+        rank: int,
+        stats: TierStats,
+        save_queue: int = DEFAULT_SAVE_QUEUE,
+    ):
         self._store = store
         self._namespace = namespace
         self._rank = rank
@@ -40,6 +48,9 @@ class TierWorker:
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"kvmux-{store.name}-load")
         self._pending: dict[bytes, Future[None]] = {}
         self._pending_lock = threading.Lock()
+        self._save_queue = save_queue  # bound of host bytes copied out and not yet written
+        self._queued_bytes = 0  # guarded by _pending_lock
+        self._block_bytes = 0  # host bytes of one block over all layers
         self._load_errors: set[int] = set()
         self._failed_this_step: set[int] = set()  # blocks whose load failed, until the save
         self._missing: set[BlockKey] = set()
@@ -53,6 +64,7 @@ class TierWorker:
     def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int | None) -> None:
         """Adopt the engine's KV cache tensors."""
         self._mover = BlockMover(kv_caches, num_blocks)
+        self._block_bytes = sum(spec.nbytes for spec in self._mover.layer_specs)
 
     def _skey(self, key: BlockKey) -> bytes:
         return store_key(key, self._rank)
@@ -156,11 +168,35 @@ class TierWorker:
             self._stats.add(tainted_saves=len(dropped))
         return [t for t in plan.saves if t.block_id not in tainted]
 
+    def _admit(self, saves: list[BlockTransfer]) -> list[BlockTransfer]:
+        """The saves that fit in the save queue; the rest are dropped and counted.
+
+        A slow store must never make host memory grow without bound, nor make the
+        forward pass wait: past the bound, saves are simply not made.
+        """
+        with self._pending_lock:
+            room = (self._save_queue - self._queued_bytes) // max(1, self._block_bytes)
+            admitted, dropped = saves[: max(0, room)], saves[max(0, room) :]
+            self._queued_bytes += len(admitted) * self._block_bytes
+            queued = self._queued_bytes
+        self._stats.observe_save_queue(queued)
+        if dropped:
+            self._missing.update(t.key for t in dropped)  # the scheduler's index forgets them
+            self._stats.add(dropped_saves=len(dropped))
+            self._warn_once(
+                "queue",
+                "kvmux tier %s: save queue full (%d bytes waiting), dropping saves",
+                self._store.name,
+                queued,
+            )
+        return admitted
+
     def save(self, plan: TierStepPlan) -> None:
         """Copy the planned blocks out now; encode and write them off the critical path."""
         saves = self._untainted(plan)
         if self._mover is None or not (saves or plan.evictions):
             return
+        saves = self._admit(saves)
         copies = self._mover.copy_out([t.block_id for t in saves]) if saves else []
         keys = [self._skey(t.key) for t in saves]
         evictions = [self._skey(k) for k in plan.evictions]
@@ -168,13 +204,20 @@ class TierWorker:
         with self._pending_lock:
             for skey in keys:
                 self._pending[skey] = future
-        future.add_done_callback(partial(self._settle, keys))
+        future.add_done_callback(partial(self._settle, keys, len(keys) * self._block_bytes))
 
-    def _settle(self, keys: list[bytes], future: Future[None]) -> None:
+    def _settle(self, keys: list[bytes], queued: int, future: Future[None]) -> None:
         with self._pending_lock:
+            self._queued_bytes -= queued
             for skey in keys:
                 if self._pending.get(skey) is future:
                     del self._pending[skey]
+        error = None if future.cancelled() else future.exception()
+        if error is not None:  # never lost: a failed batch is counted and logged
+            self._stats.add(save_errors=len(keys))
+            self._warn_once(
+                "write", "kvmux tier %s: a save batch failed: %r", self._store.name, error
+            )
 
     def _write(self, keys: list[bytes], copies: list[torch.Tensor], evictions: list[bytes]) -> None:
         assert self._mover is not None

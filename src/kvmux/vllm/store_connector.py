@@ -92,7 +92,9 @@ class StoreConnector(KVConnectorBase_V1):
             )
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         else:
-            self._worker = TierWorker(open_store(spec), self._namespace, _worker_rank(), self.stats)
+            self._worker = TierWorker(
+                open_store(spec), self._namespace, _worker_rank(), self.stats, spec.save_queue
+            )
         log.info(
             "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
         )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -351,3 +353,81 @@ def test_blocks_computed_over() -> None:
     assert plan.blocks_computed_over({3}) == {3, 4, 7}
     assert plan.blocks_computed_over({5, 4}) == {4, 5, 6}
     assert plan.blocks_computed_over(set()) == set()
+
+
+# -- the save queue is bounded in bytes ------------------------------------------------
+
+
+class GatedStore(MemoryStore):
+    """A store whose writes wait until the test opens the gate: a store as slow as we like."""
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.gate = threading.Event()
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        self.gate.wait()
+        return super().put_many(items)
+
+
+def _steps(count: int, per_step: int) -> Iterator[TierStepPlan]:
+    keys = block_keys(NS, b"", list(range(count * per_step * 16)), 16)
+    for step in range(count):
+        chunk = keys[step * per_step : (step + 1) * per_step]
+        yield TierStepPlan(saves=[BlockTransfer(k, i) for i, k in enumerate(chunk)])
+
+
+def test_a_slow_store_never_makes_the_queue_outgrow_its_bound(make_worker: MakeWorker) -> None:
+    store = GatedStore(1 << 20)
+    stats = TierStats()
+    caches = _caches("blocks_first", random=True)
+    block_bytes = 2 * 2 * 4 * 8 * 4  # two layers of (2, 4, 8) float32
+    worker = TierWorker(store, NS, 0, stats, save_queue=4 * block_bytes)
+    worker.register(caches, NUM_BLOCKS)
+    try:
+        for plan in _steps(10, 2):
+            worker.save(plan)  # returns at once although the store is not writing
+        assert stats.dropped_saves == 16
+        assert stats.peak_save_queue_bytes == 4 * block_bytes
+        assert len(worker.take_missing()) == 16  # the scheduler's index forgets them
+        store.gate.set()
+        worker.flush()
+        assert stats.saved_blocks == 4
+        for plan in _steps(2, 2):  # the queue drained: saves are admitted again
+            worker.save(plan)
+        worker.flush()
+        assert stats.dropped_saves == 16
+    finally:
+        store.gate.set()
+        worker.close()
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_peak_memory_under_a_save_heavy_workload_with_a_slow_store() -> None:
+    """400 MiB of saves against a store that does not write: memory grows by the bound."""
+    bound = 32 * 2**20
+    caches = {f"layer.{i}": torch.randn(16, 16, 16, 256) for i in range(4)}  # 1 MiB a block
+    store = GatedStore(1 << 30)
+    stats = TierStats()
+    worker = TierWorker(store, NS, 0, stats, save_queue=bound)
+    worker.register(caches, 16)
+    before, peak = _rss_bytes(), 0
+    try:
+        for plan in _steps(100, 4):
+            worker.save(plan)
+            peak = max(peak, _rss_bytes())
+        growth = peak - before
+        print(f"save-heavy, slow store: RSS grew {growth / 2**20:.1f} MiB for 400 MiB of saves")
+        assert stats.dropped_saves > 0
+        assert stats.peak_save_queue_bytes <= bound
+        assert growth < bound + 64 * 2**20
+    finally:
+        store.gate.set()
+        worker.close()
