@@ -7,8 +7,9 @@ Layout, little-endian::
 
 The header holds the namespace id, the store key, each layer's shape and dtype, and
 the payload length. Decoding checks every field and the checksum; any mismatch raises
-CorruptEntry. Stored bytes are only ever parsed as JSON and raw tensor bytes: never
-pickle, torch.load or eval.
+CorruptEntry, and nothing else, whatever the input. Stored bytes are only ever parsed as
+JSON (integers only, of at most 20 digits) and raw tensor bytes: never pickle, torch.load
+or eval. Decoding costs time and memory linear in the input.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import xxhash
 
@@ -29,6 +31,10 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<4sHHI")
 _TRAILER = struct.Struct("<Q")
 _MAX_HEADER = 1 << 20
+_MAX_NDIM = 32  # dimensions of one layer's shape
+_MAX_DIM = 2**63 - 1  # one dimension fits an int64, as tensor libraries need
+_MAX_SIZE = 2**64 - 1  # a payload length (the u64 range)
+_MAX_INT_DIGITS = 20  # digits of the longest integer literal a header may hold (2**64 - 1)
 _DTYPE_SIZES = {
     "float32": 4,
     "float16": 2,
@@ -79,6 +85,8 @@ def encode(
     for layer in layers:
         if layer.dtype not in _DTYPE_SIZES:
             raise ValueError(f"unsupported dtype {layer.dtype!r}")
+        if len(layer.shape) > _MAX_NDIM or not all(_is_size(d, _MAX_DIM) for d in layer.shape):
+            raise ValueError(f"unsupported shape {layer.shape!r}")
     payload_len = sum(memoryview(p).nbytes for p in parts)
     if payload_len != sum(layer.nbytes for layer in layers):
         raise ValueError("payload length does not match the layer shapes")
@@ -100,9 +108,9 @@ def encode(
     return b"".join([prefix, header, *parts, _TRAILER.pack(digest.intdigest())])
 
 
-def decode(data: bytes | memoryview, namespace: bytes, key: bytes) -> DecodedEntry:
+def decode(data: bytes | bytearray | memoryview, namespace: bytes, key: bytes) -> DecodedEntry:
     """Verify and parse an entry written by ``encode`` for this namespace and key."""
-    view = memoryview(data)
+    view = _byte_view(data)
     if view.nbytes < _PREFIX.size + _TRAILER.size:
         raise CorruptEntry("entry shorter than its fixed header")
     magic, version, _flags, header_len = _PREFIX.unpack_from(view)
@@ -123,25 +131,86 @@ def decode(data: bytes | memoryview, namespace: bytes, key: bytes) -> DecodedEnt
     return DecodedEntry(layers=layers, payload=view[header_end:body_end])
 
 
-def _parse_header(raw: bytes, namespace: bytes, key: bytes) -> tuple[tuple[LayerSpec, ...], int]:
+def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    """A flat unsigned-byte view of ``data``, whatever the format of the buffer."""
     try:
-        header = json.loads(raw)
-        if header["ns"] != namespace.hex():
-            raise CorruptEntry("entry belongs to another namespace")
-        if header["key"] != key.hex():
-            raise CorruptEntry("entry stored under another key")
-        layers = tuple(
-            LayerSpec(shape=tuple(int(d) for d in shape), dtype=str(dtype))
-            for shape, dtype in header["layers"]
-        )
-        payload_len = int(header["payload_len"])
-    except CorruptEntry:
-        raise
-    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
-        raise CorruptEntry(f"malformed header: {exc}") from exc
-    for layer in layers:
-        if layer.dtype not in _DTYPE_SIZES or any(d < 0 for d in layer.shape):
-            raise CorruptEntry(f"bad layer spec {layer}")
+        return memoryview(data).cast("B")
+    except (TypeError, ValueError) as exc:
+        raise CorruptEntry(f"entry is not a contiguous byte buffer: {exc}") from exc
+
+
+def _parse_header(raw: bytes, namespace: bytes, key: bytes) -> tuple[tuple[LayerSpec, ...], int]:
+    header = _load_json(raw)
+    if not isinstance(header, dict):
+        raise CorruptEntry("malformed header: not a JSON object")
+    if header.get("ns") != namespace.hex():
+        raise CorruptEntry("entry belongs to another namespace")
+    if header.get("key") != key.hex():
+        raise CorruptEntry("entry stored under another key")
+    layers = _parse_layers(header.get("layers"))
+    payload_len = header.get("payload_len")
+    if not _is_size(payload_len, _MAX_SIZE):
+        raise CorruptEntry(f"malformed header: bad payload length {_describe(payload_len)}")
     if payload_len != sum(layer.nbytes for layer in layers):
         raise CorruptEntry("payload length does not match the layer shapes")
     return layers, payload_len
+
+
+def _load_json(raw: bytes) -> object:
+    """JSON with short integer literals only: no floats, NaN or Infinity, no bignums."""
+    try:
+        return json.loads(
+            raw.decode("utf-8"),
+            parse_int=_parse_int,
+            parse_float=_refuse_number,
+            parse_constant=_refuse_number,
+        )
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError too
+        raise CorruptEntry(f"malformed header: {exc}") from exc
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal) > _MAX_INT_DIGITS:
+        raise ValueError(f"integer literal of {len(literal)} digits")
+    return int(literal)
+
+
+def _refuse_number(literal: str) -> int:
+    raise ValueError(f"non-integer number {literal[:40]}")
+
+
+def _parse_layers(raw: object) -> tuple[LayerSpec, ...]:
+    if not isinstance(raw, list):
+        raise CorruptEntry("malformed header: layers is not a list")
+    return tuple(_parse_layer(item) for item in raw)
+
+
+def _parse_layer(item: object) -> LayerSpec:
+    if not isinstance(item, list) or len(item) != 2:
+        raise CorruptEntry("malformed header: a layer is not [shape, dtype]")
+    shape, dtype = item
+    if not isinstance(dtype, str) or dtype not in _DTYPE_SIZES:
+        raise CorruptEntry(f"bad layer dtype {_describe(dtype)}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_NDIM
+        or not all(_is_size(d, _MAX_DIM) for d in shape)
+    ):
+        raise CorruptEntry(f"bad layer shape {_describe(shape)}")
+    return LayerSpec(shape=tuple(shape), dtype=dtype)
+
+
+def _is_size(value: object, limit: int) -> TypeGuard[int]:
+    """Whether ``value`` is a plain int (not a bool) in ``[0, limit]``."""
+    return type(value) is int and 0 <= value <= limit
+
+
+def _describe(value: object) -> str:
+    """A short, safe description of an untrusted header value (never its full repr)."""
+    if isinstance(value, str):
+        return repr(value[:40])
+    if type(value) is int:
+        return str(value)  # at most _MAX_INT_DIGITS digits, by _parse_int
+    if isinstance(value, list):
+        return f"(a list of {len(value)} items)"
+    return f"of type {type(value).__name__}"

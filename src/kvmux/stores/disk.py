@@ -4,12 +4,18 @@ Files are written to a temporary name and renamed into place, so a reader never 
 a torn entry. Entry names are the hex of the key, so no key can escape the directory.
 Files are 0600 inside 0700 directories. Recency is the file's mtime, refreshed on
 every hit; past the byte budget the oldest files are removed.
+
+Anyone who can write to the directory can plant anything in it: only a regular file of
+at most ``capacity`` bytes is an entry (anything larger is a miss, never read), symlinks
+are not followed, and every OS error becomes a StoreError or, for a missing file, a miss.
+Eviction passes over a shard it cannot list or a file it cannot remove.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -22,6 +28,48 @@ __all__ = ["DiskStore"]
 _SUFFIX = ".kvx"
 _EVICT_TO = 0.9  # after an eviction pass the directory holds at most this share of the budget
 _RESCAN_SHARE = 0.1  # rescan the shared directory after writing this share of the budget
+# non-blocking so that a planted FIFO cannot hang a read; never through a planted symlink
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_ABSENT = (FileNotFoundError, NotADirectoryError)  # no entry file at this path
+
+
+def _read_at_most(fd: int, size: int) -> bytes | None:
+    """The file's bytes, or None if it holds more than ``size`` (it grew meanwhile)."""
+    chunks, left = [], size + 1
+    while left > 0:
+        chunk = os.read(fd, left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks) if left > 0 else None
+
+
+def _unlink(path: Path) -> OSError | None:
+    """Remove ``path``; the error if it could not be removed (a vanished file is removed)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _shard_entries(shard: str) -> list[tuple[float, int, Path]]:
+    """(mtime, size, path) of the entry files in one shard; unreadable ones are skipped."""
+    found = []
+    with contextlib.suppress(OSError), os.scandir(shard) as listing:
+        for item in listing:
+            if not item.name.endswith(_SUFFIX):
+                continue
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                found.append((info.st_mtime, info.st_size, Path(item.path)))
+    return found
 
 
 class DiskStore(KVStore):
@@ -36,7 +84,10 @@ class DiskStore(KVStore):
         self._tmp = self.root / "tmp"
         self._lock = threading.Lock()
         self._prepare_directory()
-        self._used = self._scan_used()
+        try:
+            self._used = self._scan_used()
+        except StoreError as exc:
+            raise StoreUnavailable(str(exc)) from exc
         self._unscanned = 0  # bytes this process wrote since it last scanned the directory
 
     def _prepare_directory(self) -> None:
@@ -56,24 +107,30 @@ class DiskStore(KVStore):
         name = key.hex()
         return self.root / name[:2] / (name + _SUFFIX)
 
+    def _error(self, what: str, exc: OSError | str) -> StoreError:
+        return StoreError(f"disk store {self.name!r}: {what} failed: {exc}")
+
+    def _holds(self, path: Path, what: str) -> bool:
+        """Whether ``path`` is an entry: a regular file of at most ``capacity`` bytes."""
+        try:
+            info = os.lstat(path)
+        except _ABSENT:
+            return False
+        except OSError as exc:
+            raise self._error(what, exc) from exc
+        return stat.S_ISREG(info.st_mode) and info.st_size <= self.capacity
+
     def put(self, key: bytes, value: bytes) -> bool:
         """Write ``value`` atomically; evict the oldest files past the budget."""
         if len(value) > self.capacity:
             return False
         target = self._path(key)
-        if target.exists():
+        if self._holds(target, "write"):
             return True
         tmp_name = self._write_temp(target, value)
         with self._lock:
-            if target.exists():  # another thread or engine wrote it meanwhile
-                os.unlink(tmp_name)
+            if not self._install(tmp_name, target):
                 return True
-            try:
-                os.replace(tmp_name, target)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
-                raise StoreError(f"disk store {self.name!r}: write failed: {exc}") from exc
             self._used += len(value)
             self._unscanned += len(value)
             due = self._used > self.capacity or self._unscanned > self.capacity * _RESCAN_SHARE
@@ -86,46 +143,78 @@ class DiskStore(KVStore):
             target.parent.mkdir(mode=0o700, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
         except OSError as exc:
-            raise StoreError(f"disk store {self.name!r}: write failed: {exc}") from exc
+            raise self._error("write", exc) from exc
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(value)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
-            raise StoreError(f"disk store {self.name!r}: write failed: {exc}") from exc
+            raise self._error("write", exc) from exc
         return tmp_name
 
+    def _install(self, tmp_name: str, target: Path) -> bool:
+        """Rename the temp file to ``target``; False if an entry is there already."""
+        installed = False
+        try:
+            if self._holds(target, "write"):  # another thread or engine wrote it meanwhile
+                return False
+            os.replace(tmp_name, target)  # also replaces a planted file that is no entry
+            installed = True
+        except OSError as exc:
+            raise self._error("write", exc) from exc
+        finally:
+            if not installed:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+        return True
+
     def get(self, key: bytes) -> bytes | None:
-        """Read the entry file, refreshing its recency; None when absent."""
+        """Read the entry file, refreshing its recency; None when absent or oversized."""
         path = self._path(key)
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except FileNotFoundError:
+            fd = os.open(path, _READ_FLAGS)
+        except _ABSENT:
             return None
         except OSError as exc:
-            raise StoreError(f"disk store {self.name!r}: read failed: {exc}") from exc
-        with contextlib.suppress(OSError):
-            os.utime(path)
+            raise self._error("read", exc) from exc
+        try:
+            return self._read(fd, path)
+        except OSError as exc:
+            raise self._error("read", exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _read(self, fd: int, path: Path) -> bytes | None:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise self._error("read", f"{path} is not a regular file")
+        if info.st_size > self.capacity:
+            return None  # no entry is larger than the budget: garbage, never read
+        data = _read_at_most(fd, info.st_size)
+        if data is not None:
+            with contextlib.suppress(OSError):
+                os.utime(fd)
         return data
 
     def contains(self, key: bytes) -> bool:
         """One stat, no read."""
-        return self._path(key).exists()
+        return self._holds(self._path(key), "lookup")
 
     def delete(self, key: bytes) -> None:
         """Remove the entry file if present."""
         path = self._path(key)
         try:
-            size = path.stat().st_size
+            info = os.lstat(path)
             path.unlink()
-        except FileNotFoundError:
+        except _ABSENT:
             return
         except OSError as exc:
-            raise StoreError(f"disk store {self.name!r}: delete failed: {exc}") from exc
-        with self._lock:
-            self._used = max(0, self._used - size)
+            raise self._error("delete", exc) from exc
+        if stat.S_ISREG(info.st_mode):
+            with self._lock:
+                self._used = max(0, self._used - info.st_size)
 
     def used_bytes(self) -> int:
         """Bytes of entry files, as last counted by this process."""
@@ -133,12 +222,17 @@ class DiskStore(KVStore):
             return self._used
 
     def _entries(self) -> list[tuple[float, int, Path]]:
-        found = []
-        for path in self.root.glob(f"??/*{_SUFFIX}"):
-            with contextlib.suppress(FileNotFoundError):
-                stat = path.stat()
-                found.append((stat.st_mtime, stat.st_size, path))
-        return found
+        """(mtime, size, path) of every entry file; raises StoreError if the root is unreadable."""
+        try:
+            with os.scandir(self.root) as listing:
+                shards = [
+                    item.path
+                    for item in listing
+                    if len(item.name) == 2 and item.is_dir(follow_symlinks=False)
+                ]
+        except OSError as exc:
+            raise self._error("scan", exc) from exc
+        return [entry for shard in shards for entry in _shard_entries(shard)]
 
     def _scan_used(self) -> int:
         return sum(size for _, size, _ in self._entries())
@@ -154,17 +248,15 @@ class DiskStore(KVStore):
                 for _, size, path in entries:
                     if used <= budget:
                         break
-                    if path == keep:
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
-                    used -= size
+                    if path != keep and _unlink(path) is None:
+                        used -= size
             self._used = used
 
     def clear(self) -> None:
-        """Remove every entry file."""
+        """Remove every entry file; raises StoreError if some could not be removed."""
         with self._lock:
-            for _, _, path in self._entries():
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-            self._used = 0
+            left = [(size, _unlink(path)) for _, size, path in self._entries()]
+            failed = [(size, error) for size, error in left if error is not None]
+            self._used = sum(size for size, _ in failed)
+        if failed:
+            raise self._error("clear", failed[0][1]) from failed[0][1]

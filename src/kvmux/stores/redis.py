@@ -1,9 +1,12 @@
 """Redis / Valkey store: one deployment (standalone or cluster) shared by a fleet of engines.
 
 Keys are ``PREFIX{hex}``; an entry larger than ``max_value_size`` is split into parts
-``PREFIX{hex}:1..n`` with a small manifest at ``PREFIX{hex}``. The braces are a hash tag,
-so an entry and its parts live in one cluster slot. Reads verify the reassembled length;
-the entry checksum is verified by the codec as for every tier.
+``PREFIX{hex}:nonce:1..n`` with a small manifest at ``PREFIX{hex}`` (see ``split``). The
+braces are a hash tag, so an entry and its parts live in one cluster slot. Anyone who can
+write to the server can write garbage: a malformed manifest, a part of the wrong length
+or a key of another type is a miss for that key, and reading a split entry sends at most
+``split.MAX_PARTS`` commands and reads at most one byte per part more than the manifest's
+total. The entry checksum is verified by the codec as for every tier.
 
 Every call is bounded by socket timeouts and goes through a circuit breaker: while the
 server is down or refusing, calls fail at once (a miss) instead of waiting, and one
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -23,23 +25,23 @@ from kvmux.config import RedisSpec
 from kvmux.errors import ConfigError, StoreError, StoreUnavailable
 from kvmux.policies.breaker import CircuitBreaker
 from kvmux.stores.base import KVStore
+from kvmux.stores.split import MANIFEST_SIZE, Manifest, fits, is_manifest, parse_manifest
 
 __all__ = ["RedisStore"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_MANIFEST = b"\x00kvmux-parts-v1\x00"
-_MANIFEST_BODY = struct.Struct("<IQ16s")  # part count, total length, write nonce
 
 
 def _part_name(name: str, nonce: bytes, index: int) -> str:
     return f"{name}:{nonce.hex()}:{index}"
 
 
-def _manifest(value: bytes) -> tuple[int, int, bytes]:
-    """(part count, total length, nonce) of a manifest value."""
-    count, total, nonce = _MANIFEST_BODY.unpack_from(value, len(_MANIFEST))
-    return int(count), int(total), bytes(nonce)
+def _join(parts: list[bytes | None], sizes: list[int]) -> bytes | None:
+    """The parts joined, or None unless each has exactly its expected length."""
+    if any(part is None or len(part) != size for part, size in zip(parts, sizes, strict=True)):
+        return None
+    return b"".join(part for part in parts if part is not None)
 
 
 def _import_redis() -> Any:
@@ -92,6 +94,7 @@ class RedisStore(KVStore):
         self._breaker = CircuitBreaker(spec.breaker_seconds, max(30.0, spec.breaker_seconds))
         self._failing = False
         self._refusing = False  # logged a refused write since the last accepted one
+        self._warned_garbage = False  # logged a malformed value under this prefix
         self._errors = self._redis.exceptions
 
     # -- plumbing -------------------------------------------------------------
@@ -150,20 +153,21 @@ class RedisStore(KVStore):
         return self.put_many([(key, value)]) == [True]
 
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
-        """Store several entries in one pipelined round trip; False where the server refused."""
+        """Store several entries in one pipelined round trip; False where refused or too large."""
 
         def run(client: Any) -> list[bool]:
             pipe = self._pipeline(client)
             sizes = [self._queue_put(pipe, self._key(key), value) for key, value in items]
-            replies = iter(pipe.execute(raise_on_error=False))
-            stored = []
+            replies = iter(pipe.execute(raise_on_error=False) if any(sizes) else [])
+            stored, accepted = [], True
             for size in sizes:
                 outcome = [next(replies) for _ in range(size)]
                 refused = [r for r in outcome if isinstance(r, Exception)]
                 if refused:
                     self._warn_refused(refused[0])
-                stored.append(not refused)
-            if all(stored):
+                    accepted = False
+                stored.append(size > 0 and not refused)
+            if accepted:
                 self._refusing = False
             return stored
 
@@ -177,17 +181,19 @@ class RedisStore(KVStore):
             )
 
     def _queue_put(self, pipe: Any, name: str, value: bytes) -> int:
-        """Queue the commands that store one entry; returns how many."""
+        """Queue the commands that store one entry; returns how many (0: too large)."""
         limit, args = self.spec.max_value_size, self._set_args()
         if len(value) <= limit:
             pipe.set(name, value, **args)
             return 1
+        if not fits(len(value), limit):
+            return 0
         view = memoryview(value)
         parts = [view[i : i + limit] for i in range(0, len(value), limit)]
         nonce = os.urandom(16)  # concurrent writers of one key never mix their parts
         for index, part in enumerate(parts, start=1):
             pipe.set(_part_name(name, nonce, index), part.tobytes(), **args)
-        pipe.set(name, _MANIFEST + _MANIFEST_BODY.pack(len(parts), len(value), nonce), **args)
+        pipe.set(name, Manifest(len(parts), len(value), nonce).pack(), **args)
         return len(parts) + 1
 
     def get(self, key: bytes) -> bytes | None:
@@ -201,29 +207,64 @@ class RedisStore(KVStore):
             pipe = self._pipeline(client)
             for key in keys:
                 pipe.get(self._key(key))
-            values: list[bytes | None] = pipe.execute()
-            split = [i for i, v in enumerate(values) if v is not None and v.startswith(_MANIFEST)]
+            values = [self._value(reply) for reply in pipe.execute(raise_on_error=False)]
+            split = self._manifests(values)
             if split:
                 self._reassemble(client, keys, values, split)
             return values
 
         return self._call("get", run) if keys else []
 
+    def _value(self, reply: Any) -> bytes | None:
+        """A GET-like reply: None for a key of another type (garbage), raised if an error."""
+        if isinstance(reply, self._errors.ResponseError) and str(reply).startswith("WRONGTYPE"):
+            self._warn_garbage("a key of another type")
+            return None
+        if isinstance(reply, Exception):
+            raise reply
+        return reply if isinstance(reply, bytes) else None
+
+    def _manifests(self, values: list[bytes | None]) -> dict[int, Manifest]:
+        """The valid manifest of each split entry, by position; malformed ones become None."""
+        found = {}
+        for i, value in enumerate(values):
+            if value is None or not is_manifest(value):
+                continue
+            manifest = parse_manifest(value, self.spec.max_value_size)
+            if manifest is None:
+                self._warn_garbage("a malformed manifest")
+                values[i] = None
+            else:
+                found[i] = manifest
+        return found
+
     def _reassemble(
-        self, client: Any, keys: Sequence[bytes], values: list[bytes | None], split: list[int]
+        self,
+        client: Any,
+        keys: Sequence[bytes],
+        values: list[bytes | None],
+        split: dict[int, Manifest],
     ) -> None:
+        """Read every part; asking one byte more than its length tells a longer part apart."""
         pipe = self._pipeline(client)
-        totals = []
-        for i in split:
-            manifest = values[i]
-            assert manifest is not None
-            count, total, nonce = _manifest(manifest)
-            totals.append(total)
+        sizes = {i: manifest.part_sizes(self.spec.max_value_size) for i, manifest in split.items()}
+        for i, manifest in split.items():
             name = self._key(keys[i])
-            pipe.mget([_part_name(name, nonce, n) for n in range(1, count + 1)])
-        for i, parts, total in zip(split, pipe.execute(), totals, strict=True):
-            joined = None if any(p is None for p in parts) else b"".join(parts)
-            values[i] = joined if joined is not None and len(joined) == total else None
+            for index, size in enumerate(sizes[i], start=1):
+                pipe.getrange(_part_name(name, manifest.nonce, index), 0, size)
+        replies = iter(pipe.execute(raise_on_error=False))
+        for i in split:
+            values[i] = _join([self._value(next(replies)) for _ in sizes[i]], sizes[i])
+
+    def _warn_garbage(self, what: str) -> None:
+        if not self._warned_garbage:
+            self._warned_garbage = True
+            log.warning(
+                "kvmux redis %s: found %s under %r; treated as a miss",
+                self.name,
+                what,
+                self.spec.key_prefix,
+            )
 
     def contains(self, key: bytes) -> bool:
         """One EXISTS."""
@@ -246,18 +287,21 @@ class RedisStore(KVStore):
         return next((i for i, hit in enumerate(present) if not hit), len(present))
 
     def delete(self, key: bytes) -> None:
-        """Remove an entry and its parts."""
+        """Remove an entry and, if its manifest is valid, its parts."""
         name = self._key(key)
 
         def run(client: Any) -> None:
-            value = client.get(name)
-            if value is not None and value.startswith(_MANIFEST):
-                count, _, nonce = _manifest(value)
-                pipe = self._pipeline(client)
-                for n in range(1, count + 1):
-                    pipe.delete(_part_name(name, nonce, n))
-                pipe.execute()
-            client.delete(name)
+            try:  # one byte more than a manifest tells a longer value apart
+                head = self._value(client.getrange(name, 0, MANIFEST_SIZE))
+            except self._errors.ResponseError as exc:
+                head = self._value(exc)
+            manifest = parse_manifest(head, self.spec.max_value_size) if head else None
+            pipe = self._pipeline(client)
+            if manifest is not None:
+                for index in range(1, manifest.count + 1):
+                    pipe.delete(_part_name(name, manifest.nonce, index))
+            pipe.delete(name)
+            pipe.execute()
 
         self._call("delete", run)
 
