@@ -5,6 +5,7 @@
      +-- StoreError         a store could not do what was asked (I/O, network, permissions)
      |    +-- StoreUnavailable   the store cannot be reached or opened at all
      +-- CorruptEntry       stored bytes failed header or checksum verification
+     +-- UnkeyableInput     a request input kvmux cannot key safely: the request is not cached
 
 Errors from libraries (OSError, redis errors, ...) are translated at the boundary
 with ``raise ... from exc``. Inside the connectors a StoreError or CorruptEntry is a
@@ -15,7 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["ConfigError", "CorruptEntry", "KvmuxError", "StoreError", "StoreUnavailable"]
+__all__ = [
+    "ConfigError",
+    "CorruptEntry",
+    "KvmuxError",
+    "StoreError",
+    "StoreUnavailable",
+    "UnkeyableInput",
+]
 
 
 class KvmuxError(Exception):
@@ -50,3 +58,7 @@ class StoreUnavailable(StoreError):
 
 class CorruptEntry(KvmuxError):
     """Stored bytes are truncated, malformed or fail their checksum."""
+
+
+class UnkeyableInput(KvmuxError):
+    """A request input kvmux cannot put into a key; such a request is not cached."""

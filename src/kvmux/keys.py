@@ -1,13 +1,16 @@
 """Deterministic, chained, namespaced block keys: the one place kvmux hashes.
 
-Scheme (version ``kvmux-keys-v1``, hash BLAKE3, 16-byte digests):
+Scheme (version ``kvmux-keys-v2``, hash BLAKE3, 16-byte digests):
 
 * ``namespace_id = blake3(canonical_json(namespace))[:16]`` where the namespace names
-  everything that changes the bytes of a block: model identity, dtypes, KV shape and
-  layout, block size, parallel sizes, platform.
-* ``root = blake3("kvmux-keys-v1" | namespace_id | salt)`` where the salt carries the
-  per-request cache_salt and LoRA identity.
-* ``key[i] = blake3(key[i-1] | uint32le(tokens of block i))`` with ``key[-1] = root``.
+  everything that changes the bytes of a block: model and checkpoint identity,
+  quantization, dtypes, KV shape and layout, block size, parallel sizes, platform.
+* ``root = blake3("kvmux-keys-v2" | namespace_id)``.
+* ``key[i] = blake3(key[i-1] | uint32le(tokens of block i) | extra_keys(block i))`` with
+  ``key[-1] = root``. The extra keys are exactly what vLLM folds into its own block
+  hashes (LoRA name and path, multimodal item hashes and offsets, ``cache_salt``,
+  prompt-embedding hashes), in a canonical encoding (``encode_extra_keys``); empty for a
+  plain text block. The first two parts have a fixed size, so the message is unambiguous.
 * ``store_key(key, rank) = blake3(key | uint16le(rank))[:16]``: each tensor-parallel rank
   holds its own shard of every block.
 
@@ -24,17 +27,20 @@ from typing import Any, NewType
 
 from blake3 import blake3
 
+from kvmux.errors import UnkeyableInput
+
 __all__ = [
     "KEY_SCHEME",
     "BlockKey",
     "StoreKey",
+    "UnkeyableInput",
     "block_keys",
+    "encode_extra_keys",
     "namespace_id",
-    "request_salt",
     "store_key",
 ]
 
-KEY_SCHEME = "kvmux-keys-v1"
+KEY_SCHEME = "kvmux-keys-v2"
 DIGEST_SIZE = 16
 
 BlockKey = NewType("BlockKey", bytes)
@@ -47,22 +53,49 @@ def namespace_id(namespace: Mapping[str, Any]) -> bytes:
     return blake3(canonical.encode()).digest(DIGEST_SIZE)
 
 
-def request_salt(cache_salt: str | None, lora_name: str | None) -> bytes:
-    """Per-request salt bytes; empty when the request has neither."""
-    if cache_salt is None and lora_name is None:
-        return b""
-    return json.dumps([cache_salt, lora_name]).encode()
+def encode_extra_keys(extra: Any) -> bytes:
+    """A canonical, type-tagged encoding of one block's extra keys (tuples of scalars)."""
+    parts: list[bytes] = []
+    _encode(extra, parts)
+    return b"".join(parts)
+
+
+def _encode(value: Any, parts: list[bytes]) -> None:
+    if value is None:
+        parts.append(b"n")
+    elif isinstance(value, bool):
+        parts.append(b"T" if value else b"F")
+    elif isinstance(value, int):
+        text = str(value).encode()
+        parts.append(b"i" + struct.pack("<I", len(text)) + text)
+    elif isinstance(value, str | bytes):
+        raw = value.encode() if isinstance(value, str) else value
+        parts.append((b"s" if isinstance(value, str) else b"b") + struct.pack("<I", len(raw)))
+        parts.append(raw)
+    elif isinstance(value, tuple | list):
+        parts.append(b"t" + struct.pack("<I", len(value)))
+        for item in value:
+            _encode(item, parts)
+    else:
+        raise UnkeyableInput(f"cannot key an extra key of type {type(value).__name__}")
 
 
 def block_keys(
-    namespace: bytes, salt: bytes, token_ids: Sequence[int], block_size: int
+    namespace: bytes,
+    token_ids: Sequence[int],
+    block_size: int,
+    extras: Sequence[bytes] | None = None,
 ) -> list[BlockKey]:
-    """Chained keys of every full block of ``token_ids``."""
-    parent = blake3(KEY_SCHEME.encode() + namespace + salt).digest(DIGEST_SIZE)
+    """Chained keys of every full block of ``token_ids``; ``extras[i]`` is block i's."""
+    parent = blake3(KEY_SCHEME.encode() + namespace).digest(DIGEST_SIZE)
     keys: list[BlockKey] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = token_ids[start : start + block_size]
-        parent = blake3(parent + struct.pack(f"<{block_size}I", *block)).digest(DIGEST_SIZE)
+    for index, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size)):
+        digest = blake3(
+            parent + struct.pack(f"<{block_size}I", *token_ids[start : start + block_size])
+        )
+        if extras is not None and extras[index]:
+            digest.update(extras[index])
+        parent = digest.digest(DIGEST_SIZE)
         keys.append(BlockKey(parent))
     return keys
 

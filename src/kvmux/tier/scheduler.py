@@ -43,26 +43,34 @@ class TierScheduler:
         self._requests: dict[str, _RequestState] = {}
         self._pending_loads: list[BlockTransfer] = []
 
-    def _state(self, req_id: str, prompt: Sequence[int], salt: bytes) -> _RequestState:
+    def _state(
+        self, req_id: str, prompt: Sequence[int], extras: Sequence[bytes] | None
+    ) -> _RequestState:
         state = self._requests.get(req_id)
         if state is None:
-            keys = block_keys(self._namespace, salt, prompt, self._block_size)
+            keys = block_keys(self._namespace, prompt, self._block_size, extras)
             limit = max(0, (len(prompt) - 1) // self._block_size)
             state = _RequestState(keys=keys, max_hit_blocks=limit)
             self._requests[req_id] = state
         return state
 
     def lookup(
-        self, req_id: str, prompt: Sequence[int], salt: bytes, num_computed: int
+        self,
+        req_id: str,
+        prompt: Sequence[int],
+        extras: Sequence[bytes] | None,
+        num_computed: int,
     ) -> int | None:
         """Tokens the tier holds past ``num_computed`` (block-aligned); None: ask again.
+
+        ``extras[i]`` are block i's encoded extra keys (see ``kvmux.keys``), or None.
 
         A start inside a block offers nothing: loading whole blocks from there would
         overwrite tokens the engine already computed.
         """
         if num_computed % self._block_size:
             return 0
-        state = self._state(req_id, prompt, salt)
+        state = self._state(req_id, prompt, extras)
         start = num_computed // self._block_size
         candidates = state.keys[start : state.max_hit_blocks]
         hits = self._view.count_prefix_nowait(candidates) if candidates else 0

@@ -37,13 +37,13 @@ def _make_llm(job: dict[str, Any]) -> Any:
 
 
 def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import SamplingParams
 
     logprobs = 0 if step.get("logprobs") else None
     params = SamplingParams(
         temperature=0, max_tokens=step.get("max_tokens", 8), detokenize=False, logprobs=logprobs
     )
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in step["prompts"]]
+    prompts = [_prompt(p) for p in step["prompts"]]
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - started
@@ -56,6 +56,20 @@ def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     if logprobs is not None:
         result["logprobs"] = [_sampled_logprobs(o.outputs[0]) for o in outputs]
     return result
+
+
+def _prompt(spec: Any) -> Any:
+    """Token ids, or ``{"embeds_seed": s, "length": n, "hidden": h}`` for random embeddings."""
+    from vllm import TokensPrompt
+
+    if isinstance(spec, dict):
+        import torch
+        from vllm.inputs import EmbedsPrompt
+
+        generator = torch.Generator().manual_seed(int(spec["embeds_seed"]))
+        shape = (int(spec["length"]), int(spec["hidden"]))
+        return EmbedsPrompt(prompt_embeds=torch.randn(shape, generator=generator))
+    return TokensPrompt(prompt_token_ids=spec)
 
 
 def _sampled_logprobs(completion: Any) -> list[float]:

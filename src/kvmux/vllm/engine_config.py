@@ -5,6 +5,7 @@ The namespace names everything about an engine that changes the bytes of a KV bl
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "block_size_of",
+    "checkpoint_identity",
     "engine_namespace",
     "payload_bytes_per_block",
     "prefer_recompute",
@@ -50,6 +52,29 @@ def _hf_config_digest(vllm_config: VllmConfig) -> str:
     return blake3(str(text).encode()).hexdigest(16)
 
 
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def checkpoint_identity(model: str, revision: str | None) -> str:
+    """Which weights: the resolved revision of a hub model, or a local checkpoint's files.
+
+    A local directory is identified by the name, size and modification time of each
+    weight file, so weights rewritten in place get new keys.
+    """
+    folder = Path(model)
+    if not folder.is_dir():
+        return f"revision:{revision}"
+    digest = blake3()
+    try:
+        files = sorted(p for p in folder.iterdir() if p.name.endswith(_WEIGHT_SUFFIXES))
+        for path in files:
+            info = path.stat()
+            digest.update(f"{path.name}|{info.st_size}|{info.st_mtime_ns}\n".encode())
+    except OSError as exc:
+        raise ConfigError("model", f"cannot read the checkpoint at {model}: {exc}") from exc
+    return f"files:{digest.hexdigest(16)}"
+
+
 def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> dict[str, Any]:
     """The namespace mapping that keys and entry headers are bound to."""
     from vllm.platforms import current_platform
@@ -62,6 +87,8 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     return {
         "model": str(model.model),
         "revision": str(model.revision),
+        "checkpoint": checkpoint_identity(str(model.model), model.revision),
+        "quantization": str(getattr(model, "quantization", None)),
         "hf_config": _hf_config_digest(vllm_config),
         "model_dtype": str(model.dtype),
         "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),

@@ -19,7 +19,8 @@ from kvmux.config import (
     StoreConnectorConfig,
     parse_store_connector_config,
 )
-from kvmux.keys import namespace_id, request_salt
+from kvmux.errors import UnkeyableInput
+from kvmux.keys import namespace_id
 from kvmux.metrics import GAUGES, TierStats
 from kvmux.stores import open_store
 from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
@@ -33,6 +34,7 @@ from kvmux.vllm.engine_config import (
     prefer_recompute,
 )
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
+from kvmux.vllm.request_keys import block_extras, prompt_tokens
 from kvmux.vllm.stats import StoreConnectorStats
 
 if TYPE_CHECKING:
@@ -115,10 +117,15 @@ class StoreConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         """Tokens past ``num_computed_tokens`` that the tier holds; loaded synchronously."""
         assert self._scheduler is not None
-        lora = request.lora_request.lora_name if request.lora_request else None
-        salt = request_salt(request.cache_salt, lora)
-        prompt = request.prompt_token_ids or []
-        return self._scheduler.lookup(request.request_id, prompt, salt, num_computed_tokens), False
+        try:
+            extras = block_extras(request, self._block_size)
+        except UnkeyableInput as exc:  # never stored under a key it might share
+            self.stats.add(unkeyable_requests=1)
+            log.warning("kvmux tier %s: request not cached: %s", self.tier_name, exc)
+            return 0, False
+        prompt = prompt_tokens(request)
+        hit = self._scheduler.lookup(request.request_id, prompt, extras, num_computed_tokens)
+        return hit, False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int

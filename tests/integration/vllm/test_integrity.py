@@ -113,3 +113,23 @@ def test_a_sibling_never_stores_what_another_child_failed_to_load(
     assert run["stats"]["memory"]["hit_tokens"] == 9 * BLOCK
     assert_same_logprobs(failing, reference, 1)
     assert_same_logprobs(served, reference, 1)
+
+
+def test_prompt_embeddings_are_keyed_by_their_contents(run_job: Run) -> None:
+    """Two embedding prompts of one length share no key; the same one is served exactly."""
+    first = {"embeds_seed": 1, "length": 5 * BLOCK + 1, "hidden": 128}
+    second = {"embeds_seed": 2, "length": 5 * BLOCK + 1, "hidden": 128}
+    steps = [
+        generate(first, logprobs=True),
+        generate(second, logprobs=True),
+        generate(first, logprobs=True),
+    ]
+    store = {"type": "memory", "capacity": "64MiB"}
+    run = run_job(steps, kv=store_kv(store), enable_prefix_caching=False, enable_prompt_embeds=True)
+    cold, other, warm = results(run)
+    assert cold["num_cached_tokens"] == [0]
+    assert other["num_cached_tokens"] == [0]  # same length, same placeholder ids: no hit
+    assert warm["num_cached_tokens"] == [5 * BLOCK]
+    assert warm["tokens"] == cold["tokens"]
+    worst = max(abs(a - b) for a, b in zip(warm["logprobs"][0], cold["logprobs"][0], strict=True))
+    assert worst < LOGPROB_TOLERANCE

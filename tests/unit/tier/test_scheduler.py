@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from kvmux.keys import BlockKey, block_keys, namespace_id, request_salt
+from kvmux.keys import BlockKey, block_keys, encode_extra_keys, namespace_id
 from kvmux.metrics import TierStats
 from kvmux.tier.index import MirrorIndex, TierView
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
@@ -23,8 +23,10 @@ def _prompt(length: int, seed: int = 0) -> list[int]:
     return [rng.randrange(1, 50_000) for _ in range(length)]
 
 
-def _keys(prompt: Sequence[int], salt: bytes = b"", block_size: int = BS) -> list[BlockKey]:
-    return block_keys(NS, salt, prompt, block_size)
+def _keys(
+    prompt: Sequence[int], extras: Sequence[bytes] | None = None, block_size: int = BS
+) -> list[BlockKey]:
+    return block_keys(NS, prompt, block_size, extras)
 
 
 def _scheduler(
@@ -41,10 +43,10 @@ def _new_request(
     prompt: Sequence[int],
     block_ids: Sequence[int],
     num_computed: int = 0,
-    salt: bytes = b"",
+    extras: Sequence[bytes] | None = None,
 ) -> int:
     """lookup + on_alloc accepting everything offered; returns the external tokens."""
-    hit = scheduler.lookup(req_id, prompt, salt, num_computed)
+    hit = scheduler.lookup(req_id, prompt, extras, num_computed)
     scheduler.on_alloc(req_id, block_ids, hit)
     return hit
 
@@ -79,7 +81,7 @@ def test_lookup_never_claims_the_last_prompt_token() -> None:
     prompt = _prompt(2 * BS)
     view.record_saved(_keys(prompt))
     assert view.count_prefix(_keys(prompt)) == 2
-    assert scheduler.lookup("r", prompt, b"", 0) == BS
+    assert scheduler.lookup("r", prompt, None, 0) == BS
 
 
 @pytest.mark.parametrize(
@@ -92,14 +94,14 @@ def test_lookup_claims_every_full_block_before_the_last_token(
     scheduler, view, _ = _scheduler()
     prompt = _prompt(length)
     view.record_saved(_keys(prompt))
-    hit = scheduler.lookup("r", prompt, b"", 0)
+    hit = scheduler.lookup("r", prompt, None, 0)
     assert hit == expected_blocks * BS
     assert hit < length
 
 
 def test_lookup_of_an_empty_tier() -> None:
     scheduler, _, _ = _scheduler()
-    assert scheduler.lookup("r", _prompt(10 * BS), b"", 0) == 0
+    assert scheduler.lookup("r", _prompt(10 * BS), None, 0) == 0
 
 
 def test_lookup_starts_at_num_computed() -> None:
@@ -107,11 +109,11 @@ def test_lookup_starts_at_num_computed() -> None:
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     view.record_saved(keys[2:])  # the tier holds blocks 2 and 3 only
-    assert scheduler.lookup("a", prompt, b"", 0) == 0
-    assert scheduler.lookup("b", prompt, b"", BS) == 0
-    assert scheduler.lookup("c", prompt, b"", 2 * BS) == 2 * BS
-    assert scheduler.lookup("d", prompt, b"", 3 * BS) == BS
-    assert scheduler.lookup("e", prompt, b"", 4 * BS) == 0
+    assert scheduler.lookup("a", prompt, None, 0) == 0
+    assert scheduler.lookup("b", prompt, None, BS) == 0
+    assert scheduler.lookup("c", prompt, None, 2 * BS) == 2 * BS
+    assert scheduler.lookup("d", prompt, None, 3 * BS) == BS
+    assert scheduler.lookup("e", prompt, None, 4 * BS) == 0
 
 
 @pytest.mark.parametrize("offset", [1, BS // 2, BS - 1])
@@ -120,14 +122,14 @@ def test_lookup_from_inside_a_block_offers_nothing(offset: int) -> None:
     scheduler, view, _ = _scheduler()
     prompt = _prompt(4 * BS + 1)
     view.record_saved(_keys(prompt))
-    assert scheduler.lookup("r", prompt, b"", BS + offset) == 0
+    assert scheduler.lookup("r", prompt, None, BS + offset) == 0
 
 
 def test_lookup_past_local_hits_of_a_fully_held_prompt() -> None:
     scheduler, view, _ = _scheduler()
     prompt = _prompt(4 * BS + 1)
     view.record_saved(_keys(prompt))
-    assert scheduler.lookup("r", prompt, b"", BS) == 3 * BS
+    assert scheduler.lookup("r", prompt, None, BS) == 3 * BS
 
 
 def test_lookup_stops_at_a_gap() -> None:
@@ -135,24 +137,26 @@ def test_lookup_stops_at_a_gap() -> None:
     prompt = _prompt(5 * BS)
     keys = _keys(prompt)
     view.record_saved([keys[0], keys[1], keys[3]])
-    assert scheduler.lookup("r", prompt, b"", 0) == 2 * BS
+    assert scheduler.lookup("r", prompt, None, 0) == 2 * BS
 
 
-def test_lookup_uses_the_request_salt() -> None:
+def test_lookup_uses_the_extra_keys() -> None:
     scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS)
     view.record_saved(_keys(prompt))
-    assert scheduler.lookup("plain", prompt, request_salt(None, None), 0) == 2 * BS
-    assert scheduler.lookup("salted", prompt, request_salt("tenant", None), 0) == 0
-    assert scheduler.lookup("lora", prompt, request_salt(None, "adapter"), 0) == 0
+    salted = [encode_extra_keys((("cache_salt", "tenant"),)), b"", b""]
+    lora = [encode_extra_keys((("lora", "adapter", "/adapters/a"),))] * 3
+    assert scheduler.lookup("plain", prompt, None, 0) == 2 * BS
+    assert scheduler.lookup("salted", prompt, salted, 0) == 0
+    assert scheduler.lookup("lora", prompt, lora, 0) == 0
 
 
 def test_lookup_repeated_for_the_same_request_keeps_its_keys() -> None:
     scheduler, view, _ = _scheduler()
     prompt = _prompt(3 * BS)
     view.record_saved(_keys(prompt))
-    assert scheduler.lookup("r", prompt, b"", 0) == 2 * BS
-    assert scheduler.lookup("r", prompt, b"", BS) == BS
+    assert scheduler.lookup("r", prompt, None, 0) == 2 * BS
+    assert scheduler.lookup("r", prompt, None, BS) == BS
 
 
 # -- loads -----------------------------------------------------------------------
@@ -164,7 +168,7 @@ def test_on_alloc_and_build_plan_loads_into_the_right_blocks() -> None:
     keys = _keys(prompt)
     view.record_saved(keys)
     block_ids = [10, 11, 12, 13, 14]
-    hit = scheduler.lookup("r", prompt, b"", BS)  # block 0 is a local prefix-cache hit
+    hit = scheduler.lookup("r", prompt, None, BS)  # block 0 is a local prefix-cache hit
     assert hit == 3 * BS
     scheduler.on_alloc("r", block_ids, hit)
     plan = scheduler.build([ScheduledRequest("r", BS + hit, 1, block_ids)])
@@ -185,7 +189,7 @@ def test_on_alloc_of_fewer_tokens_than_offered() -> None:
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     view.record_saved(keys)
-    assert scheduler.lookup("r", prompt, b"", 0) == 4 * BS
+    assert scheduler.lookup("r", prompt, None, 0) == 4 * BS
     scheduler.on_alloc("r", [5, 6, 7, 8, 9], BS)
     plan = scheduler.build([])
     assert plan.loads == [BlockTransfer(keys[0], 5)]
@@ -196,7 +200,7 @@ def test_on_alloc_of_zero_tokens_plans_nothing_but_counts_the_lookup() -> None:
     scheduler, view, stats = _scheduler()
     prompt = _prompt(3 * BS)
     view.record_saved(_keys(prompt))
-    scheduler.lookup("r", prompt, b"", 0)
+    scheduler.lookup("r", prompt, None, 0)
     scheduler.on_alloc("r", [1, 2, 3], 0)
     assert scheduler.build([]) == TierStepPlan()
     assert (stats.lookups, stats.hit_tokens) == (1, 0)
@@ -206,7 +210,7 @@ def test_on_alloc_without_a_lookup_is_ignored() -> None:
     scheduler, _, stats = _scheduler()
     scheduler.on_alloc("unknown", [1, 2], 2 * BS)
     prompt = _prompt(3 * BS)
-    scheduler.lookup("r", prompt, b"", 0)
+    scheduler.lookup("r", prompt, None, 0)
     scheduler.on_alloc("r", [1, 2, 3], 0)
     scheduler.on_alloc("r", [1, 2, 3], 2 * BS)  # the lookup was consumed already
     assert scheduler.build([]).loads == []
@@ -275,7 +279,7 @@ def test_saves_never_include_blocks_just_loaded() -> None:
     prompt = _prompt(4 * BS + 1)
     keys = _keys(prompt)
     ids = [30, 31, 32, 33, 34]
-    hit = scheduler.lookup("r", prompt, b"", BS)  # block 0 is a local prefix-cache hit
+    hit = scheduler.lookup("r", prompt, None, BS)  # block 0 is a local prefix-cache hit
     assert hit == 3 * BS
     scheduler.on_alloc("r", ids, 2 * BS)  # the engine takes blocks 1 and 2
     plan = scheduler.build([ScheduledRequest("r", 3 * BS, BS + 1, ids)])
@@ -342,7 +346,7 @@ def test_duplicate_keys_across_requests_in_one_step_are_saved_once() -> None:
     assert isinstance(view, MirrorIndex)
     assert len(view) == 2
     # a third request with the same prompt now hits
-    assert scheduler.lookup("c", prompt, b"", 0) == 2 * BS
+    assert scheduler.lookup("c", prompt, None, 0) == 2 * BS
 
 
 def test_shared_prefix_across_requests_is_saved_once() -> None:
@@ -391,7 +395,7 @@ def test_evictions_are_emitted_when_capacity_is_exceeded() -> None:
     assert plan != TierStepPlan()
     assert isinstance(view, MirrorIndex)
     assert len(view) == 3
-    assert scheduler.lookup("c", [*first, 1], b"", 0) == 0
+    assert scheduler.lookup("c", [*first, 1], None, 0) == 0
 
 
 def test_looked_up_blocks_are_evicted_last() -> None:
@@ -403,7 +407,7 @@ def test_looked_up_blocks_are_evicted_last() -> None:
     _new_request(scheduler, "o", other, [9])
     scheduler.build([ScheduledRequest("o", 0, BS, [9])])
     # a lookup touches block 0 of the first prompt: it is now the most recently used
-    assert scheduler.lookup("hit", first, b"", 0) == BS
+    assert scheduler.lookup("hit", first, None, 0) == BS
     newcomer = _prompt(BS, seed=6)
     _new_request(scheduler, "n", newcomer, [10])
     plan = scheduler.build([ScheduledRequest("n", 0, BS, [10])])
@@ -430,17 +434,17 @@ def test_forget_drops_keys_from_the_view() -> None:
     view.record_saved(keys)
     scheduler.forget([keys[2]])
     assert not view.contains(keys[2])
-    assert scheduler.lookup("r", prompt, b"", 0) == 2 * BS
+    assert scheduler.lookup("r", prompt, None, 0) == 2 * BS
 
 
 def test_finish_drops_request_state() -> None:
     scheduler, view, _ = _scheduler()
     old, new = _prompt(3 * BS, seed=1), _prompt(3 * BS, seed=2)
     view.record_saved(_keys(new))
-    assert scheduler.lookup("r", old, b"", 0) == 0
+    assert scheduler.lookup("r", old, None, 0) == 0
     scheduler.finish("r")
     # the keys are derived afresh from the new prompt under the reused id
-    assert scheduler.lookup("r", new, b"", 0) == 2 * BS
+    assert scheduler.lookup("r", new, None, 0) == 2 * BS
     scheduler.on_alloc("r", [0, 1, 2], 2 * BS)
     scheduler.finish("r")
     scheduler.finish("r")  # finishing twice, or an unknown request, is fine

@@ -21,7 +21,7 @@ from kvmux.tier.worker import TierWorker  # noqa: E402
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "x"})
 LAYOUTS = {"blocks_first": ((NUM_BLOCKS, 2, 4, 8), 0), "blocks_second": ((2, NUM_BLOCKS, 4, 8), 1)}
-KEYS = block_keys(NS, b"", list(range(4 * 16)), 16)
+KEYS = block_keys(NS, list(range(4 * 16)), 16)
 K1, K3, K_OTHER, K_UNKNOWN = KEYS
 
 MakeWorker = Callable[..., TierWorker]
@@ -371,7 +371,7 @@ class GatedStore(MemoryStore):
 
 
 def _steps(count: int, per_step: int) -> Iterator[TierStepPlan]:
-    keys = block_keys(NS, b"", list(range(count * per_step * 16)), 16)
+    keys = block_keys(NS, list(range(count * per_step * 16)), 16)
     for step in range(count):
         chunk = keys[step * per_step : (step + 1) * per_step]
         yield TierStepPlan(saves=[BlockTransfer(k, i) for i, k in enumerate(chunk)])
