@@ -17,12 +17,13 @@ from kvmux.config import (
     MemorySpec,
     RedisSpec,
     StoreConnectorConfig,
+    StoreSpec,
     parse_store_connector_config,
 )
 from kvmux.errors import UnkeyableInput
 from kvmux.keys import namespace_id
 from kvmux.metrics import GAUGES, TierStats
-from kvmux.stores import open_store
+from kvmux.stores import KVStore, open_store
 from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
 from kvmux.tier.plan import TierStepPlan
 from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
@@ -95,7 +96,7 @@ class StoreConnector(KVConnectorBase_V1):
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         else:
             self._worker = TierWorker(
-                open_store(spec), self._namespace, _worker_rank(), self.stats, spec.save_queue
+                self.open_store(spec), self._namespace, _worker_rank(), self.stats, spec.save_queue
             )
         log.info(
             "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
@@ -107,8 +108,12 @@ class StoreConnector(KVConnectorBase_V1):
             entry = payload_bytes_per_block(kv_cache_config) + HEADER_ALLOWANCE
             return MirrorIndex(spec.capacity, entry)
         if isinstance(spec, RedisSpec):
-            return RemoteStoreView(open_store(spec), self.stats, spec.lookup_wait)
-        return SharedStoreView(open_store(spec), self.stats)
+            return RemoteStoreView(self.open_store(spec), self.stats, spec.lookup_wait)
+        return SharedStoreView(self.open_store(spec), self.stats)
+
+    def open_store(self, spec: StoreSpec) -> KVStore:
+        """The store this connector's half uses (a subclass may wrap it, e.g. in tests)."""
+        return open_store(spec)
 
     # -- scheduler side --------------------------------------------------------
 
