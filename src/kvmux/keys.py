@@ -5,7 +5,9 @@ Scheme (version ``kvmux-keys-v2``, hash BLAKE3, 16-byte digests):
 * ``namespace_id = blake3(canonical_json(namespace))[:16]`` where the namespace names
   everything that changes the bytes of a block: model and checkpoint identity,
   quantization, dtypes, KV shape and layout, block size, parallel sizes, platform.
-* ``root = blake3("kvmux-keys-v2" | namespace_id)``.
+* ``root = blake3("kvmux-keys-v2" | namespace_id | generation)``, where the generation
+  (``uint64le``, left out while it is 0) is the tier's count of resets: after a reset no
+  key of an earlier generation is ever asked for.
 * ``key[i] = blake3(key[i-1] | uint32le(tokens of block i) | extra_keys(block i))`` with
   ``key[-1] = root``. The extra keys are exactly what vLLM folds into its own block
   hashes (LoRA name and path, multimodal item hashes and offsets, ``cache_salt``,
@@ -36,6 +38,7 @@ __all__ = [
     "UnkeyableInput",
     "block_keys",
     "encode_extra_keys",
+    "generation_namespace",
     "namespace_id",
     "store_key",
 ]
@@ -78,6 +81,11 @@ def _encode(value: Any, parts: list[bytes]) -> None:
             _encode(item, parts)
     else:
         raise UnkeyableInput(f"cannot key an extra key of type {type(value).__name__}")
+
+
+def generation_namespace(namespace: bytes, generation: int) -> bytes:
+    """The namespace bytes that keys of a tier's ``generation`` are rooted in."""
+    return namespace if generation == 0 else namespace + struct.pack("<Q", generation)
 
 
 def block_keys(

@@ -62,6 +62,20 @@ class KVStore(ABC):
     def clear(self) -> None:
         """Remove every entry."""
 
+    def generation(self) -> int:
+        """The store's generation: a reset moves every engine using it to a new one.
+
+        Keys are bound to the generation, so nothing stored before a reset is served after
+        it. This default lives in the process (right for a store no other engine sees);
+        shared stores keep it where their entries are.
+        """
+        return getattr(self, "_generation", 0)
+
+    def advance_generation(self) -> int:
+        """Start a new generation; returns it."""
+        self._generation: int = self.generation() + 1
+        return self._generation
+
     def close(self) -> None:
         """Release resources; the store is unusable afterwards."""
         return None

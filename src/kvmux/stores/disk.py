@@ -2,8 +2,10 @@
 
 Files are written to a temporary name and renamed into place, so a reader never sees
 a torn entry. Entry names are the hex of the key, so no key can escape the directory.
-Files are 0600 inside 0700 directories. Recency is the file's mtime, refreshed on
-every hit; past the byte budget the oldest files are removed.
+Files are 0600; directories the store creates are 0700 (a directory that already exists
+keeps its owner's mode). Recency is the file's mtime, refreshed on every hit; past the
+byte budget the oldest files are removed. The file ``generation`` holds the directory's
+generation, which a reset advances for every engine sharing it.
 
 Anyone who can write to the directory can plant anything in it: only a regular file of
 at most ``capacity`` bytes is an entry (anything larger is a miss, never read), symlinks
@@ -26,6 +28,7 @@ from kvmux.stores.base import KVStore
 __all__ = ["DiskStore"]
 
 _SUFFIX = ".kvx"
+_GENERATION = "generation"  # file holding the directory's generation (see KVStore)
 _EVICT_TO = 0.9  # after an eviction pass the directory holds at most this share of the budget
 _RESCAN_SHARE = 0.1  # rescan the shared directory after writing this share of the budget
 # non-blocking so that a planted FIFO cannot hang a read; never through a planted symlink
@@ -93,8 +96,9 @@ class DiskStore(KVStore):
     def _prepare_directory(self) -> None:
         try:
             for folder in (self.root, self._tmp):
-                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-                os.chmod(folder, 0o700)
+                with contextlib.suppress(FileExistsError):  # never chmod what it did not create
+                    folder.mkdir(mode=0o700, parents=True)
+                    os.chmod(folder, 0o700)
             fd, probe = tempfile.mkstemp(dir=self._tmp)
             os.close(fd)
             os.unlink(probe)
@@ -102,6 +106,38 @@ class DiskStore(KVStore):
             raise StoreUnavailable(
                 f"disk store {self.name!r}: cannot create or write {self.root}: {exc}"
             ) from exc
+
+    def generation(self) -> int:
+        """The generation recorded in the directory (0 until the first reset)."""
+        try:
+            fd = os.open(self.root / _GENERATION, _READ_FLAGS)
+        except _ABSENT:
+            return 0
+        except OSError as exc:
+            raise self._error("generation", exc) from exc
+        try:
+            text = _read_at_most(fd, 32)
+        except OSError as exc:
+            raise self._error("generation", exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if text is None or not text.strip().isdigit():
+            raise self._error("generation", f"{self.root / _GENERATION} is not a generation")
+        return int(text)
+
+    def advance_generation(self) -> int:
+        """Write the next generation atomically; every engine on the directory follows it."""
+        with self._lock:
+            new = self.generation() + 1
+            tmp_name = self._write_temp(self.root / _GENERATION, str(new).encode())
+            try:
+                os.replace(tmp_name, self.root / _GENERATION)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+                raise self._error("generation", exc) from exc
+        return new
 
     def _path(self, key: bytes) -> Path:
         name = key.hex()

@@ -305,6 +305,23 @@ class RedisStore(KVStore):
 
         self._call("delete", run)
 
+    def generation(self) -> int:
+        """The generation under ``<key_prefix>generation`` (0 until the first reset)."""
+        value = self._call("generation", lambda client: client.get(self._generation_key))
+        if value is None:
+            return 0
+        if not isinstance(value, bytes) or not value.isdigit() or len(value) > 20:
+            raise StoreError(f"redis store {self.name!r}: the generation key holds no number")
+        return int(value)
+
+    def advance_generation(self) -> int:
+        """INCR the generation: every engine using this prefix follows it."""
+        return int(self._call("generation", lambda client: client.incr(self._generation_key)))
+
+    @property
+    def _generation_key(self) -> str:
+        return f"{self.spec.key_prefix}generation"
+
     def used_bytes(self) -> int:
         """The server's used memory (all nodes in a cluster)."""
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TypeVar
 
 from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
@@ -16,6 +18,7 @@ from kvmux.stores.base import KVStore
 __all__ = ["MirrorIndex", "RemoteStoreView", "SharedStoreView", "TierView"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class TierView(ABC):
@@ -47,6 +50,14 @@ class TierView(ABC):
         """Drop keys the worker reported missing."""
         return None
 
+    def generation(self) -> int | None:
+        """The tier's generation, which new requests' keys are bound to; None: unknown now."""
+        return 0
+
+    def reset(self) -> bool:
+        """Move the tier to a new generation: nothing stored before is served after."""
+        return False
+
 
 class SharedStoreView(TierView):
     """A store both halves can open (disk, Redis): ask it directly; errors are misses.
@@ -58,6 +69,7 @@ class SharedStoreView(TierView):
     def __init__(self, store: KVStore, stats: TierStats):
         self._store = store
         self._stats = stats
+        self._generation: int | None = None  # the last generation read from the store
 
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:
         """Ask the store; a failing store holds nothing."""
@@ -74,6 +86,27 @@ class SharedStoreView(TierView):
         """Ask the store; a failing store holds nothing."""
         return self.count_prefix([key]) == 1
 
+    def generation(self) -> int | None:
+        """Read from the store each time, so a reset by any engine applies at once."""
+        self._generation = self._guarded("generation", self._store.generation, None)
+        return self._generation
+
+    def reset(self) -> bool:
+        """Advance the store's generation; False if the store could not be reached."""
+        new = self._guarded("reset", self._store.advance_generation, None)
+        if new is None:
+            return False
+        self._generation = new
+        return True
+
+    def _guarded(self, what: str, call: Callable[[], T], default: T) -> T:
+        try:
+            return call()
+        except StoreError as exc:
+            self._stats.add(store_errors=1)
+            log.warning("kvmux tier %s: %s failed: %s", self._store.name, what, exc)
+            return default
+
     def close(self) -> None:
         """Close the store."""
         self._store.close()
@@ -89,11 +122,27 @@ class RemoteStoreView(SharedStoreView):
     cheap_contains = False
     _MAX_IN_FLIGHT = 4096
 
+    GENERATION_REFRESH_SECONDS = 1.0  # how often the server's generation is read again
+
     def __init__(self, store: KVStore, stats: TierStats, wait_seconds: float):
         super().__init__(store, stats)
         self._wait = wait_seconds
         self._pool = ThreadPoolExecutor(2, thread_name_prefix=f"kvmux-{store.name}-lookup")
         self._in_flight: dict[tuple[bytes, int], Future[int]] = {}
+        self._refresh: Future[int | None] | None = None
+        self._refreshed_at = 0.0
+
+    def generation(self) -> int | None:
+        """The last generation read, re-read off the scheduler thread once a second.
+
+        None until the first read landed: requests are then neither loaded nor saved.
+        """
+        now = time.monotonic()
+        idle = self._refresh is None or self._refresh.done()
+        if idle and now - self._refreshed_at >= self.GENERATION_REFRESH_SECONDS:
+            self._refreshed_at = now
+            self._refresh = self._pool.submit(super().generation)
+        return self._generation
 
     def count_prefix_nowait(self, keys: Sequence[BlockKey]) -> int | None:
         """Start or collect a batched lookup; None while it is in flight."""
@@ -135,6 +184,8 @@ class MirrorIndex(TierView):
         self.capacity = capacity
         self.entry_size = entry_size
         self._keys: OrderedDict[BlockKey, None] = OrderedDict()
+        self._generation = 0  # the memory tier lives and dies with this engine
+        self._dropped: list[BlockKey] = []  # keys a reset dropped, evicted with the next plan
 
     @property
     def max_entries(self) -> int:
@@ -157,7 +208,7 @@ class MirrorIndex(TierView):
 
     def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
         """Admit keys, evicting least recently used ones past the budget."""
-        evicted: list[BlockKey] = []
+        evicted, self._dropped = self._dropped, []
         for key in keys:
             if self.max_entries == 0:
                 break
@@ -172,6 +223,17 @@ class MirrorIndex(TierView):
         """Drop keys the worker could not serve."""
         for key in keys:
             self._keys.pop(key, None)
+
+    def generation(self) -> int | None:
+        """This engine's count of resets."""
+        return self._generation
+
+    def reset(self) -> bool:
+        """A new generation; the workers evict every entry of the old one with the next plan."""
+        self._generation += 1
+        self._dropped.extend(self._keys)
+        self._keys.clear()
+        return True
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvmux.keys import BlockKey, block_keys
+from kvmux.keys import BlockKey, block_keys, generation_namespace
 from kvmux.metrics import TierStats
 from kvmux.tier.index import TierView
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
@@ -45,10 +45,14 @@ class TierScheduler:
 
     def _state(
         self, req_id: str, prompt: Sequence[int], extras: Sequence[bytes] | None
-    ) -> _RequestState:
+    ) -> _RequestState | None:
         state = self._requests.get(req_id)
         if state is None:
-            keys = block_keys(self._namespace, prompt, self._block_size, extras)
+            generation = self._view.generation()
+            if generation is None:  # unknown now: neither load nor save this request
+                return None
+            namespace = generation_namespace(self._namespace, generation)
+            keys = block_keys(namespace, prompt, self._block_size, extras)
             limit = max(0, (len(prompt) - 1) // self._block_size)
             state = _RequestState(keys=keys, max_hit_blocks=limit)
             self._requests[req_id] = state
@@ -71,6 +75,8 @@ class TierScheduler:
         if num_computed % self._block_size:
             return 0
         state = self._state(req_id, prompt, extras)
+        if state is None:
+            return 0
         start = num_computed // self._block_size
         candidates = state.keys[start : state.max_hit_blocks]
         hits = self._view.count_prefix_nowait(candidates) if candidates else 0
@@ -130,6 +136,10 @@ class TierScheduler:
             saves.append(BlockTransfer(key, request.block_ids[index]))
         state.saved_upto = max(state.saved_upto, full)
         return saves
+
+    def reset(self) -> bool:
+        """A new generation of the tier: nothing stored before is served to later requests."""
+        return self._view.reset()
 
     def forget(self, keys: Iterable[BlockKey]) -> None:
         """Keys the worker could not load: the tier does not hold them."""

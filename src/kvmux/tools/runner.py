@@ -252,7 +252,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         if op == "generate":
             result = _generate(llm, step)
         elif op == "reset_prefix_cache":
-            result = {"ok": bool(llm.reset_prefix_cache())}
+            reset = step.get("reset_connector", False)
+            result = {"ok": bool(llm.reset_prefix_cache(reset_connector=reset))}
         elif op == "abort_midway":
             result = _abort_midway(llm, step)
         elif op == "instrument":

@@ -234,7 +234,14 @@ class StoreConnector(KVConnectorBase_V1):
             self._view.close()
 
     def reset_cache(self) -> bool | None:
-        """Empty the tier's store (worker side) or index (scheduler side)."""
+        """Move the tier to a new generation: nothing stored before is served after.
+
+        vLLM calls this on the scheduler side (``reset_prefix_cache(reset_connector=True)``,
+        e.g. after a weight update). A shared tier's generation lives in the tier, so
+        every engine using it moves too. False when the tier could not be reached.
+        """
+        if self._scheduler is not None:
+            return self._scheduler.reset()
         if self._worker is not None:
             self._worker.flush()
             self._worker.store.clear()

@@ -133,3 +133,28 @@ def test_prompt_embeddings_are_keyed_by_their_contents(run_job: Run) -> None:
     assert warm["tokens"] == cold["tokens"]
     worst = max(abs(a - b) for a, b in zip(warm["logprobs"][0], cold["logprobs"][0], strict=True))
     assert worst < LOGPROB_TOLERANCE
+
+
+def test_a_connector_reset_serves_nothing_stored_before_it(
+    run_job: Run, tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """reset_prefix_cache(reset_connector=True), as after a weight update: the disk tier,
+    shared and persistent, serves nothing from before, to this engine or the next one."""
+    folder = tmp_path / "reset-disk"
+    steps = [
+        generate(MUXED),
+        generate(MUXED),
+        {"op": "reset_prefix_cache", "reset_connector": True},
+        generate(MUXED, logprobs=True),
+        generate(MUXED, logprobs=True),
+    ]
+    run = run_job(steps, kv=store_kv(disk(folder)), enable_prefix_caching=False)
+    assert results(run, "reset_prefix_cache")[0]["ok"] is True
+    _, warm, after_reset, again = results(run)
+    assert warm["num_cached_tokens"] == [9 * BLOCK]
+    assert after_reset["num_cached_tokens"] == [0]  # nothing from before the reset
+    assert again["num_cached_tokens"] == [9 * BLOCK]  # what was stored after it
+    assert_same_logprobs(again, reference, 1)
+    restarted = run_job([generate(MUXED)], kv=store_kv(disk(folder)), enable_prefix_caching=False)
+    assert results(restarted)[0]["num_cached_tokens"] == [9 * BLOCK]
+    assert (folder / "generation").read_text() == "1"

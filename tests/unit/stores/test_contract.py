@@ -276,3 +276,12 @@ def test_concurrent_puts_and_gets(make_store: MakeStore) -> None:
         value = store.get(key)
         if value is not None:
             assert value in written[key]
+
+
+def test_generations_start_at_zero_and_only_go_up(store: KVStore) -> None:
+    assert store.generation() == 0
+    assert store.advance_generation() == 1
+    assert store.advance_generation() == 2
+    assert store.generation() == 2
+    assert store.put(_key(1), b"kept")  # a reset moves keys; it does not touch entries
+    assert store.get(_key(1)) == b"kept"

@@ -58,12 +58,14 @@ def test_files_are_0600_and_directories_0700(tmp_path: Path) -> None:
             assert _mode(folder) == 0o700
 
 
-def test_existing_directory_is_tightened_to_0700(tmp_path: Path) -> None:
+def test_an_existing_directory_keeps_its_owners_mode(tmp_path: Path) -> None:
+    """The store never chmods a directory it did not create (a shared group folder, say)."""
     root = tmp_path / "kv"
-    root.mkdir(mode=0o755)
-    os.chmod(root, 0o755)
-    DiskStore(root, 1000)
-    assert _mode(root) == 0o700
+    root.mkdir(mode=0o2770)
+    os.chmod(root, 0o2770)
+    store = DiskStore(root, 1000)
+    assert _mode(root) == 0o2770
+    assert _mode(store.root / "tmp") == 0o700  # what it creates is private
 
 
 def test_nested_path_is_created(tmp_path: Path) -> None:
@@ -316,3 +318,19 @@ def test_concurrent_puts_of_one_key_count_it_once(
     monkeypatch.undo()
     assert _disk_bytes(store.root) == 100
     assert store.used_bytes() == 100
+
+
+def test_the_generation_is_shared_by_every_engine_on_the_directory(tmp_path: Path) -> None:
+    one, other = DiskStore(tmp_path / "kv", 1000), DiskStore(tmp_path / "kv", 1000)
+    assert one.advance_generation() == 1
+    assert other.generation() == 1
+    assert other.advance_generation() == 2
+    assert DiskStore(tmp_path / "kv", 1000).generation() == 2  # and survives restarts
+
+
+@pytest.mark.parametrize("planted", [b"", b"x", b"-1", b"9" * 40])
+def test_a_planted_generation_file_is_an_error_not_a_crash(tmp_path: Path, planted: bytes) -> None:
+    store = DiskStore(tmp_path / "kv", 1000)
+    (store.root / "generation").write_bytes(planted)
+    with pytest.raises(StoreError):
+        store.generation()

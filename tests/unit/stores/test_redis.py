@@ -198,3 +198,19 @@ def test_slow_lookup_answers_none_until_it_lands() -> None:
     view._in_flight[(keys[0], 2)].result()
     assert view.count_prefix_nowait(keys) == 1
     view.close()
+
+
+def test_the_generation_is_shared_by_every_engine_on_the_prefix(redis_server) -> None:
+    one = RedisStore(RedisSpec(url=redis_server.url, key_prefix="kvmux-gen-a:"))
+    other = RedisStore(RedisSpec(url=redis_server.url, key_prefix="kvmux-gen-a:"))
+    elsewhere = RedisStore(RedisSpec(url=redis_server.url, key_prefix="kvmux-gen-b:"))
+    try:
+        assert one.advance_generation() == 1
+        assert other.generation() == 1
+        assert elsewhere.generation() == 0
+        one._connect().set("kvmux-gen-a:generation", b"garbage")
+        with pytest.raises(StoreError):
+            other.generation()
+    finally:
+        for store in (one, other, elsewhere):
+            store.close()

@@ -150,3 +150,13 @@ def test_shared_view_treats_store_errors_as_misses() -> None:
     assert view.count_prefix([_k(1), _k(2)]) == 0
     assert not view.contains(_k(1))
     assert stats.store_errors == 2
+
+
+def test_a_reset_by_one_engine_applies_to_every_engine_on_a_shared_tier(tmp_path) -> None:
+    from kvmux.stores import DiskStore
+
+    one = SharedStoreView(DiskStore(tmp_path / "kv", 1 << 20), TierStats())
+    other = SharedStoreView(DiskStore(tmp_path / "kv", 1 << 20), TierStats())
+    assert one.generation() == other.generation() == 0
+    assert one.reset()
+    assert other.generation() == 1

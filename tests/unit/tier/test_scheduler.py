@@ -462,3 +462,35 @@ def test_finished_request_is_not_saved() -> None:
     assert scheduler.build([ScheduledRequest("r", 0, 3 * BS, [0, 1, 2])]) == TierStepPlan()
     assert isinstance(view, MirrorIndex)
     assert len(view) == 0
+
+
+# -- reset: a new generation -------------------------------------------------------------
+
+
+def test_after_a_reset_nothing_stored_before_is_offered() -> None:
+    scheduler, _, _ = _scheduler()
+    prompt = _prompt(4 * BS + 1)
+    _new_request(scheduler, "before", prompt, [1, 2, 3, 4, 5])
+    stored = scheduler.build([ScheduledRequest("before", 0, 4 * BS + 1, [1, 2, 3, 4, 5])])
+    assert len(stored.saves) == 4
+    assert scheduler.lookup("again", prompt, None, 0) == 4 * BS
+    assert scheduler.reset()
+    assert scheduler.lookup("after", prompt, None, 0) == 0
+    plan = scheduler.build([ScheduledRequest("after", 0, 4 * BS + 1, [6, 7, 8, 9, 10])])
+    assert set(plan.evictions) == {t.key for t in stored.saves}  # the workers drop them
+    assert {t.key for t in plan.saves}.isdisjoint(plan.evictions)  # new keys
+    assert scheduler.lookup("later", prompt, None, 0) == 4 * BS  # the new generation's
+
+
+class UnknownGeneration(ForgetfulView):
+    """A shared tier whose generation cannot be read right now."""
+
+    def generation(self) -> int | None:
+        return None
+
+
+def test_a_request_is_neither_loaded_nor_saved_while_the_generation_is_unknown() -> None:
+    scheduler, _, _ = _scheduler(UnknownGeneration(held=100))
+    prompt = _prompt(3 * BS + 1)
+    assert _new_request(scheduler, "r", prompt, [1, 2, 3, 4]) == 0
+    assert scheduler.build([ScheduledRequest("r", 0, 3 * BS + 1, [1, 2, 3, 4])]).saves == []
