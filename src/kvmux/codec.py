@@ -1,9 +1,14 @@
-"""Self-describing, checksummed entry format for one KV block (all layers).
+"""Self-describing, checksummed, optionally signed entry format for one KV block.
 
 Layout, little-endian::
 
     magic "KVMX" | version u16 | flags u16 | header_len u32 | header (JSON, UTF-8)
-    | payload (layer 0 bytes, layer 1 bytes, ...) | xxh3_64 of everything before, u64
+    | payload (layer 0 bytes, layer 1 bytes, ...) | [MAC, 32 bytes, when flags & SIGNED]
+    | xxh3_64 of everything before, u64
+
+The checksum catches accidents, not forgery. A signed entry carries the id of its key
+in the header (``kid``) and a keyed BLAKE3 MAC of everything before the MAC; with signing
+on, an entry without a valid MAC from a known key is an ``UnverifiedEntry``.
 
 The header holds the namespace id, the store key, each layer's shape and dtype, and
 the payload length. Decoding checks every field and the checksum; any mismatch raises
@@ -14,20 +19,37 @@ or eval. Decoding costs time and memory linear in the input.
 
 from __future__ import annotations
 
+import hmac
 import json
+import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
 import xxhash
+from blake3 import blake3
 
-from kvmux.errors import CorruptEntry
+from kvmux.errors import CorruptEntry, UnverifiedEntry
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "DecodedEntry", "LayerSpec", "decode", "encode"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAC_SIZE",
+    "MAGIC",
+    "SIGNED",
+    "DecodedEntry",
+    "LayerSpec",
+    "SigningKeys",
+    "decode",
+    "encode",
+]
 
 MAGIC = b"KVMX"
 FORMAT_VERSION = 1
+SIGNED = 1  # flags bit: a MAC follows the payload
+MAC_SIZE = 32
+_MAC_CONTEXT = "kvmux 2026 entry signing key v1"  # BLAKE3 key derivation context
+_KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _PREFIX = struct.Struct("<4sHHI")
 _TRAILER = struct.Struct("<Q")
 _MAX_HEADER = 1 << 20
@@ -78,10 +100,53 @@ class DecodedEntry:
         return offsets
 
 
+@dataclass(frozen=True)
+class SigningKeys:
+    """Keys of signed entries: ``signing_id``'s signs, every one verifies (for rotation)."""
+
+    signing_id: str
+    keys: Mapping[str, bytes]  # key id -> 32-byte BLAKE3 key derived from the secret
+
+    @classmethod
+    def parse(cls, text: str) -> SigningKeys:
+        """``id:hexsecret`` entries, one per line (or comma-separated); the first signs.
+
+        Raises ValueError naming what is wrong, never echoing a secret.
+        """
+        entries = [e.strip() for e in re.split(r"[\n,]", text) if e.strip()]
+        entries = [e for e in entries if not e.startswith("#")]
+        if not entries:
+            raise ValueError("no key: expected lines of id:hexsecret")
+        keys: dict[str, bytes] = {}
+        for number, entry in enumerate(entries, start=1):
+            kid, _, secret = entry.partition(":")
+            if not _KEY_ID.fullmatch(kid) or kid in keys:
+                raise ValueError(f"key {number}: bad or repeated id (letters, digits, _ . -)")
+            try:
+                raw = bytes.fromhex(secret)
+            except ValueError:
+                raise ValueError(f"key {number} ({kid}): the secret is not hex") from None
+            if len(raw) < 16:
+                raise ValueError(f"key {number} ({kid}): the secret needs 16 bytes or more")
+            keys[kid] = blake3(raw, derive_key_context=_MAC_CONTEXT).digest()
+        return cls(signing_id=next(iter(keys)), keys=keys)
+
+
+def _mac(key: bytes, pieces: Sequence[memoryview | bytes]) -> bytes:
+    digest = blake3(key=key)
+    for piece in pieces:
+        digest.update(piece)
+    return digest.digest(MAC_SIZE)
+
+
 def encode(
-    namespace: bytes, key: bytes, layers: Sequence[LayerSpec], parts: Sequence[memoryview | bytes]
+    namespace: bytes,
+    key: bytes,
+    layers: Sequence[LayerSpec],
+    parts: Sequence[memoryview | bytes],
+    signing: SigningKeys | None = None,
 ) -> bytes:
-    """Serialise one block: ``parts`` are the layers' raw bytes in order."""
+    """Serialise one block: ``parts`` are the layers' raw bytes in order; signed if asked."""
     for layer in layers:
         if layer.dtype not in _DTYPE_SIZES:
             raise ValueError(f"unsupported dtype {layer.dtype!r}")
@@ -90,34 +155,46 @@ def encode(
     payload_len = sum(memoryview(p).nbytes for p in parts)
     if payload_len != sum(layer.nbytes for layer in layers):
         raise ValueError("payload length does not match the layer shapes")
-    header = json.dumps(
-        {
-            "ns": namespace.hex(),
-            "key": key.hex(),
-            "layers": [[list(layer.shape), layer.dtype] for layer in layers],
-            "payload_len": payload_len,
-        },
-        separators=(",", ":"),
-    ).encode()
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header))
+    fields: dict[str, object] = {
+        "ns": namespace.hex(),
+        "key": key.hex(),
+        "layers": [[list(layer.shape), layer.dtype] for layer in layers],
+        "payload_len": payload_len,
+    }
+    if signing is not None:
+        fields["kid"] = signing.signing_id
+    header = json.dumps(fields, separators=(",", ":")).encode()
+    flags = SIGNED if signing is not None else 0
+    pieces: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(header))]
+    pieces += [header, *parts]
+    if signing is not None:
+        pieces.append(_mac(signing.keys[signing.signing_id], pieces))
     digest = xxhash.xxh3_64()
-    digest.update(prefix)
-    digest.update(header)
-    for part in parts:
-        digest.update(part)
-    return b"".join([prefix, header, *parts, _TRAILER.pack(digest.intdigest())])
+    for piece in pieces:
+        digest.update(piece)
+    return b"".join([*pieces, _TRAILER.pack(digest.intdigest())])
 
 
-def decode(data: bytes | bytearray | memoryview, namespace: bytes, key: bytes) -> DecodedEntry:
-    """Verify and parse an entry written by ``encode`` for this namespace and key."""
+def decode(
+    data: bytes | bytearray | memoryview,
+    namespace: bytes,
+    key: bytes,
+    signing: SigningKeys | None = None,
+) -> DecodedEntry:
+    """Verify and parse an entry written by ``encode`` for this namespace and key.
+
+    With ``signing``, an entry must also carry a valid MAC from one of its keys.
+    """
     view = _byte_view(data)
     if view.nbytes < _PREFIX.size + _TRAILER.size:
         raise CorruptEntry("entry shorter than its fixed header")
-    magic, version, _flags, header_len = _PREFIX.unpack_from(view)
+    magic, version, flags, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise CorruptEntry("bad magic")
     if version != FORMAT_VERSION:
         raise CorruptEntry(f"unsupported format version {version}")
+    if flags & ~SIGNED:
+        raise CorruptEntry(f"unknown flags {flags:#x}")
     if header_len > _MAX_HEADER or _PREFIX.size + header_len + _TRAILER.size > view.nbytes:
         raise CorruptEntry("header length out of range")
     body_end = view.nbytes - _TRAILER.size
@@ -125,10 +202,25 @@ def decode(data: bytes | bytearray | memoryview, namespace: bytes, key: bytes) -
     if xxhash.xxh3_64_intdigest(view[:body_end]) != stored_digest:
         raise CorruptEntry("checksum mismatch")
     header_end = _PREFIX.size + header_len
-    layers, payload_len = _parse_header(bytes(view[_PREFIX.size : header_end]), namespace, key)
-    if payload_len != body_end - header_end:
+    payload_end = body_end - (MAC_SIZE if flags & SIGNED else 0)
+    raw_header = bytes(view[_PREFIX.size : header_end])
+    layers, payload_len, kid = _parse_header(raw_header, namespace, key)
+    if payload_len != payload_end - header_end:
         raise CorruptEntry("payload length does not match the header")
-    return DecodedEntry(layers=layers, payload=view[header_end:body_end])
+    if signing is not None:
+        _verify(signing, flags, kid, view, payload_end, body_end)
+    return DecodedEntry(layers=layers, payload=view[header_end:payload_end])
+
+
+def _verify(
+    signing: SigningKeys, flags: int, kid: str | None, view: memoryview, end: int, body_end: int
+) -> None:
+    if not flags & SIGNED:
+        raise UnverifiedEntry("entry is not signed")
+    if kid is None or kid not in signing.keys:
+        raise UnverifiedEntry("entry is signed with a key this engine does not hold")
+    if not hmac.compare_digest(_mac(signing.keys[kid], [view[:end]]), view[end:body_end]):
+        raise UnverifiedEntry("entry signature does not verify")
 
 
 def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
@@ -139,7 +231,10 @@ def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
         raise CorruptEntry(f"entry is not a contiguous byte buffer: {exc}") from exc
 
 
-def _parse_header(raw: bytes, namespace: bytes, key: bytes) -> tuple[tuple[LayerSpec, ...], int]:
+def _parse_header(
+    raw: bytes, namespace: bytes, key: bytes
+) -> tuple[tuple[LayerSpec, ...], int, str | None]:
+    """Layers, payload length and signing key id (None if absent) of a checked header."""
     header = _load_json(raw)
     if not isinstance(header, dict):
         raise CorruptEntry("malformed header: not a JSON object")
@@ -153,7 +248,8 @@ def _parse_header(raw: bytes, namespace: bytes, key: bytes) -> tuple[tuple[Layer
         raise CorruptEntry(f"malformed header: bad payload length {_describe(payload_len)}")
     if payload_len != sum(layer.nbytes for layer in layers):
         raise CorruptEntry("payload length does not match the layer shapes")
-    return layers, payload_len
+    kid = header.get("kid")
+    return layers, payload_len, kid if isinstance(kid, str) else None
 
 
 def _load_json(raw: bytes) -> object:

@@ -7,13 +7,15 @@ ConfigError that names the key and the accepted values.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from kvmux.codec import SigningKeys
 from kvmux.errors import ConfigError
 
 __all__ = [
@@ -79,6 +81,7 @@ class MemorySpec:
     capacity: int  # byte budget, never exceeded
     name: str = "memory"  # label used in logs and stats
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class DiskSpec:
     capacity: int  # byte budget; oldest entries are evicted past it
     name: str = "disk"  # label used in logs and stats
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
 @dataclass(frozen=True)
@@ -111,13 +115,15 @@ class RedisSpec:
     lookup_wait: float = 0.005  # seconds the scheduler waits for a lookup before asking again
     breaker_seconds: float = 1.0  # first back-off after the server failed
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
 StoreSpec = MemorySpec | DiskSpec | RedisSpec
+_SIGNING_KEYS = frozenset({"key_env", "key_file"})
 
 _STORE_KEYS: dict[str, frozenset[str]] = {
-    "memory": frozenset({"type", "capacity", "name", "save_queue"}),
-    "disk": frozenset({"type", "path", "capacity", "name", "save_queue"}),
+    "memory": frozenset({"type", "capacity", "name", "save_queue", "signing"}),
+    "disk": frozenset({"type", "path", "capacity", "name", "save_queue", "signing"}),
     "redis": frozenset(
         {
             "type",
@@ -137,6 +143,7 @@ _STORE_KEYS: dict[str, frozenset[str]] = {
             "lookup_wait",
             "breaker_seconds",
             "save_queue",
+            "signing",
         }
     ),
 }
@@ -182,9 +189,10 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
     if kind == "redis":
         return _parse_redis(spec, where)
     capacity = parse_capacity(_required(spec, "capacity", where), f"{where}.capacity")
-    queue = _save_queue(spec, where)
+    queue, signing = _save_queue(spec, where), _signing(spec, where)
     if kind == "memory":
-        return MemorySpec(capacity=capacity, name=_name(spec, "memory", where), save_queue=queue)
+        name = _name(spec, "memory", where)
+        return MemorySpec(capacity=capacity, name=name, save_queue=queue, signing=signing)
     path = _required(spec, "path", where)
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}.path", f"expected a directory path, got {path!r}")
@@ -193,7 +201,39 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         capacity=capacity,
         name=_name(spec, "disk", where),
         save_queue=queue,
+        signing=signing,
     )
+
+
+def _signing(spec: Mapping[str, Any], where: str) -> SigningKeys | None:
+    """Signing keys from ``{"key_env": NAME}`` or ``{"key_file": PATH}``, read now."""
+    raw = spec.get("signing")
+    if raw is None:
+        return None
+    path = _path(where, "signing")
+    options = _require_mapping(raw, path)
+    _check_keys(options, _SIGNING_KEYS, path)
+    if len(options) != 1:
+        raise ConfigError(path, "give exactly one source of keys", _SIGNING_KEYS)
+    source, value = next(iter(options.items()))
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{path}.{source}", f"expected a non-empty string, got {value!r}")
+    text = _signing_text(source, value, f"{path}.{source}")
+    try:
+        return SigningKeys.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}.{source}", str(exc), "lines of id:hexsecret") from exc
+
+
+def _signing_text(source: str, value: str, path: str) -> str:
+    if source == "key_env":
+        if value not in os.environ:
+            raise ConfigError(path, f"environment variable {value} is not set")
+        return os.environ[value]
+    try:
+        return Path(value).expanduser().read_text()
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(path, f"cannot read {value}: {exc}") from exc
 
 
 def _save_queue(spec: Mapping[str, Any], where: str) -> int:
@@ -252,6 +292,7 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
         lookup_wait=_positive_number(spec, "lookup_wait", 0.005, where),
         breaker_seconds=_positive_number(spec, "breaker_seconds", 1.0, where),
         save_queue=_save_queue(spec, where),
+        signing=_signing(spec, where),
     )
 
 

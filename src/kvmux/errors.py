@@ -5,6 +5,7 @@
      +-- StoreError         a store could not do what was asked (I/O, network, permissions)
      |    +-- StoreUnavailable   the store cannot be reached or opened at all
      +-- CorruptEntry       stored bytes failed header or checksum verification
+     |    +-- UnverifiedEntry    signing is on and the entry has no valid signature
      +-- UnkeyableInput     a request input kvmux cannot key safely: the request is not cached
 
 Errors from libraries (OSError, redis errors, ...) are translated at the boundary
@@ -23,6 +24,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "UnkeyableInput",
+    "UnverifiedEntry",
 ]
 
 
@@ -62,3 +64,7 @@ class CorruptEntry(KvmuxError):
 
 class UnkeyableInput(KvmuxError):
     """A request input kvmux cannot put into a key; such a request is not cached."""
+
+
+class UnverifiedEntry(CorruptEntry):
+    """Signing is on and an entry is unsigned, signed with an unknown key, or forged."""

@@ -26,6 +26,7 @@ class TierStats:
     hit_tokens: int = 0  # tokens offered to the engine
     loaded_blocks: int = 0  # blocks copied into the engine's KV cache
     load_errors: int = 0  # blocks promised but missing or corrupt (recomputed)
+    unverified_entries: int = 0  # entries without a valid signature, with signing on (recomputed)
     saved_blocks: int = 0  # blocks written to the store
     save_errors: int = 0  # blocks that could not be written (dropped)
     tainted_saves: int = 0  # blocks not saved: computed over a block that failed to load

@@ -312,3 +312,40 @@ def test_every_store_takes_a_save_queue_bound(raw: dict[str, Any]) -> None:
     with pytest.raises(ConfigError) as info:
         parse_store_spec({**raw, "save_queue": "lots"})
     assert info.value.key == "store.save_queue"
+
+
+def test_signing_keys_come_from_an_environment_variable_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "k1:" + "ab" * 32
+    monkeypatch.setenv("KVMUX_TEST_KEYS", secret)
+    (tmp_path / "keys").write_text(secret + "\n")
+    base = {"type": "disk", "path": str(tmp_path / "kv"), "capacity": "1GiB"}
+    from_env = parse_store_spec({**base, "signing": {"key_env": "KVMUX_TEST_KEYS"}})
+    from_file = parse_store_spec({**base, "signing": {"key_file": str(tmp_path / "keys")}})
+    assert from_env.signing == from_file.signing
+    assert from_env.signing is not None and from_env.signing.signing_id == "k1"
+    assert "ab" * 8 not in repr(from_env)  # secrets never reach a log line
+    assert parse_store_spec(base).signing is None
+
+
+@pytest.mark.parametrize(
+    ("signing", "key"),
+    [
+        ({"key_env": "KVMUX_TEST_UNSET"}, "store.signing.key_env"),
+        ({"key_file": "/nonexistent/keys"}, "store.signing.key_file"),
+        ({"key_env": "KVMUX_TEST_KEYS", "key_file": "/x"}, "store.signing"),
+        ({"key_id": "k1"}, "store.signing.key_id"),
+        ("KVMUX_TEST_KEYS", "store.signing"),
+        ({"key_env": "KVMUX_TEST_BAD"}, "store.signing.key_env"),
+    ],
+)
+def test_bad_signing_config_names_the_key(
+    signing: Any, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KVMUX_TEST_UNSET", raising=False)
+    monkeypatch.setenv("KVMUX_TEST_KEYS", "k1:" + "ab" * 32)
+    monkeypatch.setenv("KVMUX_TEST_BAD", "k1:short")
+    with pytest.raises(ConfigError) as info:
+        parse_store_spec({"type": "memory", "capacity": "1GiB", "signing": signing})
+    assert info.value.key == key

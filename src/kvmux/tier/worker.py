@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 import torch
 
 from kvmux import codec
+from kvmux.codec import LayerSpec, SigningKeys
 from kvmux.config import DEFAULT_SAVE_QUEUE
-from kvmux.errors import CorruptEntry, StoreError
+from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
@@ -38,8 +39,10 @@ class TierWorker:
         rank: int,
         stats: TierStats,
         save_queue: int = DEFAULT_SAVE_QUEUE,
+        signing: SigningKeys | None = None,
     ):
         self._store = store
+        self._signing = signing  # sign what is saved, load only what verifies
         self._namespace = namespace
         self._rank = rank
         self._stats = stats
@@ -123,8 +126,17 @@ class TierWorker:
     def _install(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> bool:
         assert self._mover is not None
         try:
-            entry = codec.decode(data, self._namespace, skey)
+            entry = codec.decode(data, self._namespace, skey, self._signing)
             self._mover.copy_in(transfer.block_id, entry)
+        except UnverifiedEntry as exc:  # not deleted: it may be another key holder's
+            self._stats.add(unverified_entries=1)
+            self._warn_once(
+                "unverified",
+                "kvmux tier %s: unverified entry, recomputing: %s",
+                self._store.name,
+                exc,
+            )
+            return False
         except CorruptEntry as exc:
             self._warn_once(
                 "corrupt", "kvmux tier %s: bad entry, recomputing: %s", self._store.name, exc
@@ -227,7 +239,7 @@ class TierWorker:
         held = self._guarded("lookup", self._store.contains_many, keys, [False] * len(keys))
         specs = self._mover.layer_specs
         items = [
-            (skey, codec.encode(self._namespace, skey, specs, BlockMover.block_parts(copies, row)))
+            (skey, self._encode(skey, specs, BlockMover.block_parts(copies, row)))
             for row, skey in enumerate(keys)
             if not held[row]
         ]
@@ -241,6 +253,9 @@ class TierWorker:
         )
         if not self._store.batched_io:  # local stores: cheap to ask their size
             self._stats.observe_stored(self._store.used_bytes())
+
+    def _encode(self, skey: bytes, specs: Sequence[LayerSpec], parts: list[memoryview]) -> bytes:
+        return codec.encode(self._namespace, skey, specs, parts, self._signing)
 
     def flush(self) -> None:
         """Wait until every queued save is written."""

@@ -82,7 +82,10 @@ class StoreConnector(KVConnectorBase_V1):
         spec = self.config.store
         self.tier_name = spec.name
         self.stats = TierStats()  # this instance's own counters (one half of the tier)
-        self._namespace = namespace_id(engine_namespace(vllm_config, kv_cache_config))
+        namespace = engine_namespace(vllm_config, kv_cache_config)
+        if spec.signing is not None:  # signed and unsigned entries never share a key
+            namespace["entries"] = "signed"
+        self._namespace = namespace_id(namespace)
         self._block_size = block_size_of(kv_cache_config)
         self._last_stats: dict[str, float] = {}
         self._scheduler: TierScheduler | None = None
@@ -96,7 +99,12 @@ class StoreConnector(KVConnectorBase_V1):
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         else:
             self._worker = TierWorker(
-                self.open_store(spec), self._namespace, _worker_rank(), self.stats, spec.save_queue
+                self.open_store(spec),
+                self._namespace,
+                _worker_rank(),
+                self.stats,
+                spec.save_queue,
+                spec.signing,
             )
         log.info(
             "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name

@@ -158,3 +158,27 @@ def test_a_connector_reset_serves_nothing_stored_before_it(
     restarted = run_job([generate(MUXED)], kv=store_kv(disk(folder)), enable_prefix_caching=False)
     assert results(restarted)[0]["num_cached_tokens"] == [9 * BLOCK]
     assert (folder / "generation").read_text() == "1"
+
+
+def test_signed_entries_load_only_for_holders_of_the_key(
+    run_job: Run, tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """A writer without the key (here: another secret) cannot get an entry loaded."""
+    folder = tmp_path / "signed-disk"
+    ours, theirs = tmp_path / "ours.keys", tmp_path / "theirs.keys"
+    ours.write_text("k1:" + "5a" * 32 + "\n")
+    theirs.write_text("k1:" + "a5" * 32 + "\n")
+
+    def signed(keys: Path) -> dict[str, Any]:
+        return store_kv({**disk(folder), "signing": {"key_file": str(keys)}})
+
+    forger = run_job([generate(MUXED)], kv=signed(theirs), enable_prefix_caching=False)
+    assert forger["stats"]["disk"]["saved_blocks"] == 9
+    steps = [generate(MUXED, logprobs=True), generate(MUXED, logprobs=True)]
+    run = run_job(steps, kv=signed(ours), enable_prefix_caching=False)
+    first, second = results(run)
+    stats = run["stats"]["disk"]
+    assert stats["unverified_entries"] >= 1  # the forger's entries are misses
+    assert second["num_cached_tokens"] == [9 * BLOCK]  # its own signed entries load
+    assert_same_logprobs(first, reference, 1)
+    assert_same_logprobs(second, reference, 1)

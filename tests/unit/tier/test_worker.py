@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvmux import codec  # noqa: E402
+from kvmux.codec import SigningKeys  # noqa: E402
 from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
@@ -431,3 +432,33 @@ def test_peak_memory_under_a_save_heavy_workload_with_a_slow_store() -> None:
     finally:
         store.gate.set()
         worker.close()
+
+
+# -- signed entries -------------------------------------------------------------------
+
+
+def test_signed_saves_load_and_unsigned_entries_do_not(make_worker: MakeWorker) -> None:
+    keys = SigningKeys.parse("k1:" + "5a" * 32)
+    store = MemoryStore(1 << 20)
+    source = _caches("blocks_first", random=True)
+    signer = TierWorker(store, NS, 0, TierStats(), signing=keys)
+    signer.register(source, NUM_BLOCKS)
+    unsigned = make_worker(store, source)
+    try:
+        signer.save(TierStepPlan(saves=[BlockTransfer(K1, 1)]))
+        signer.flush()
+        _save(unsigned, (K3, 3))  # planted by a writer without the key
+        stats = TierStats()
+        loader = TierWorker(store, NS, 0, stats, signing=keys)
+        target = _caches("blocks_first", random=False)
+        loader.register(target, NUM_BLOCKS)
+        loader.load([BlockTransfer(K1, 4), BlockTransfer(K3, 5)])
+        assert loader.take_load_errors() == {5}
+        assert stats.unverified_entries == 1
+        assert store.contains(store_key(K3, 0))  # not deleted: it may be another holder's
+        for src, dst in zip(source.values(), target.values(), strict=True):
+            assert torch.equal(dst[4], src[1])
+            assert not dst[5].any()
+        loader.close()
+    finally:
+        signer.close()
