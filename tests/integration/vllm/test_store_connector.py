@@ -175,6 +175,6 @@ def test_second_engine_hits_disk_and_recomputes_a_corrupt_entry(
 def test_bad_config_is_one_clear_error_at_start(run_job) -> None:
     from kvmux.tools.engine import EngineRunError
 
-    accepted = r"accepted: capacity, name, save_queue, type"
+    accepted = r"accepted: capacity, name, save_queue, signing, type"
     with pytest.raises(EngineRunError, match=r"store\.colour.*" + accepted):
         run_job([], kv=store_kv({"type": "memory", "capacity": "1GiB", "colour": "red"}))
