@@ -44,10 +44,13 @@ def run_job(tiny_model: str) -> Callable[..., dict[str, Any]]:
     """Run a scripted engine on the tiny model in its own process."""
 
     def run(
-        steps: list[dict[str, Any]], kv: dict[str, Any] | None = None, **engine: Any
+        steps: list[dict[str, Any]],
+        kv: dict[str, Any] | None = None,
+        multiprocess: bool = False,
+        **engine: Any,
     ) -> dict[str, Any]:
         job = {"model": tiny_model, "engine": {**BASE_ENGINE, **engine}, "kv": kv, "steps": steps}
-        return run_engine_job(job, env=ENGINE_ENV)
+        return run_engine_job({**job, "multiprocess": multiprocess}, env=ENGINE_ENV)
 
     return run
 

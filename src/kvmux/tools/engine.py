@@ -34,7 +34,8 @@ def run_engine_job(
     with tempfile.TemporaryDirectory(prefix="kvmux-job-") as tmp:
         job_file = Path(tmp) / "job.json"
         job_file.write_text(json.dumps(job))
-        child_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
+        layout = "1" if job.get("multiprocess") else "0"  # vLLM's default layout is "1"
+        child_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": layout, **(env or {})}
         proc = subprocess.run(
             [python or sys.executable, "-m", "kvmux.tools.runner", str(job_file)],
             capture_output=True,

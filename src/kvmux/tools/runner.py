@@ -2,7 +2,9 @@
 
 Used by the demo, the integration tests and the benchmarks:
 ``python -m kvmux.tools.runner JOB.json`` prints one JSON document on its last line.
-The engine core runs in this process so that the connectors' counters can be read: each
+By default the engine core runs in this process so that the connectors' counters can be
+read (a job with ``"multiprocess": true`` runs vLLM's default layout instead, without
+counters): each
 step's ``stats`` are the tiers' counters by tier name (scheduler and worker halves added
 up), and the job's ``mux`` are MuxConnector's per-child counters by side and label.
 """
@@ -165,10 +167,17 @@ def _children_of(connector: Any) -> list[Any]:
 
 
 def _sides(llm: Any) -> dict[str, Any]:
-    """The top-level connector of each side (None without a KV transfer config)."""
+    """The top-level connector of each side (None without a KV transfer config).
+
+    Empty in vLLM's multi-process layout: the engine core, and with it the connectors
+    and their counters, is in another process.
+    """
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    if core is None:
+        return {}
+    scheduler = core.scheduler.connector
     worker = get_kv_transfer_group() if has_kv_transfer_group() else None
     return {"SCHEDULER": scheduler, "WORKER": worker}
 
