@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
-from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
@@ -73,14 +72,9 @@ class SharedStoreView(TierView):
 
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:
         """Ask the store; a failing store holds nothing."""
-        try:
-            return self._store.count_prefix([store_key(k, 0) for k in keys])
-        except StoreError as exc:
-            self._stats.add(store_errors=1)
-            log.warning(
-                "kvmux tier %s: lookup failed, treated as a miss: %s", self._store.name, exc
-            )
-            return 0
+        return self._guarded(
+            "lookup", lambda: self._store.count_prefix([store_key(k, 0) for k in keys]), 0
+        )
 
     def contains(self, key: BlockKey) -> bool:
         """Ask the store; a failing store holds nothing."""
@@ -100,11 +94,14 @@ class SharedStoreView(TierView):
         return True
 
     def _guarded(self, what: str, call: Callable[[], T], default: T) -> T:
+        """``call()``; any failure of the store (a StoreError, or a bug) gives ``default``."""
         try:
             return call()
-        except StoreError as exc:
+        except Exception as exc:
             self._stats.add(store_errors=1)
-            log.warning("kvmux tier %s: %s failed: %s", self._store.name, what, exc)
+            log.warning(
+                "kvmux tier %s: %s failed, treated as a miss: %r", self._store.name, what, exc
+            )
             return default
 
     def close(self) -> None:

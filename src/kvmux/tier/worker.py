@@ -113,14 +113,20 @@ class TierWorker:
         return self._guarded("get", self._store.get, skey, None)
 
     def _guarded(self, what: str, call: Callable[[Any], T], arg: Any, default: T) -> T:
-        """``call(arg)``; a StoreError is counted, logged once, and gives ``default``."""
+        """``call(arg)``; any failure of the store is counted, logged once: ``default``.
+
+        A StoreError is the store's own word; anything else is a bug in a store, which
+        must not take the engine down either (its traceback is logged once).
+        """
         try:
             return call(arg)
-        except StoreError as exc:
+        except Exception as exc:
             self._stats.add(store_errors=1)
             self._warn_once(
-                what, "kvmux tier %s: %s failed, treated as a miss: %s", self._store.name, what, exc
+                what, "kvmux tier %s: %s failed, treated as a miss: %r", self._store.name, what, exc
             )
+            if not isinstance(exc, StoreError):
+                log.debug("kvmux tier %s: unexpected store failure", self._store.name, exc_info=exc)
             return default
 
     def _install(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> bool:
@@ -147,10 +153,7 @@ class TierWorker:
         return True
 
     def _drop(self, skey: bytes) -> None:
-        try:
-            self._store.delete(skey)
-        except StoreError:
-            self._stats.add(store_errors=1)
+        self._guarded("delete", self._store.delete, skey, None)
 
     def take_load_errors(self) -> set[int]:
         """Block ids that failed to load since the last call."""

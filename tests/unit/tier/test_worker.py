@@ -16,6 +16,7 @@ from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores import KVStore, MemoryStore  # noqa: E402
+from kvmux.tier.index import SharedStoreView  # noqa: E402
 from kvmux.tier.plan import BlockTransfer, TierStepPlan  # noqa: E402
 from kvmux.tier.worker import TierWorker  # noqa: E402
 
@@ -462,3 +463,28 @@ def test_signed_saves_load_and_unsigned_entries_do_not(make_worker: MakeWorker) 
         loader.close()
     finally:
         signer.close()
+
+
+class BuggyStore(MemoryStore):
+    """A store with a bug: it raises something that is not a StoreError."""
+
+    def get(self, key: bytes) -> bytes | None:
+        raise RuntimeError("a bug in a store")
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        raise RuntimeError("a bug in a store")
+
+    def contains(self, key: bytes) -> bool:
+        raise RuntimeError("a bug in a store")
+
+
+def test_even_a_buggy_store_is_only_a_counted_miss(make_worker: MakeWorker) -> None:
+    stats = TierStats()
+    worker = make_worker(BuggyStore(1 << 20), _caches("blocks_first", random=True), stats=stats)
+    worker.load([BlockTransfer(K1, 1)])
+    assert worker.take_load_errors() == {1}
+    _save(worker, (K3, 3))
+    assert stats.store_errors >= 2
+    assert stats.saved_blocks == 0
+    view = SharedStoreView(BuggyStore(1 << 20), stats)
+    assert view.count_prefix([K1]) == 0
