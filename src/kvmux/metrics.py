@@ -22,7 +22,7 @@ class TierStats:
     """Counters of one tier; all updates go through ``add``."""
 
     lookups: int = 0  # requests looked up
-    unkeyable_requests: int = 0  # requests not cached: an input kvmux cannot key safely
+    unkeyable_requests: int = 0  # requests not cached: an input or the generation unknown
     hit_tokens: int = 0  # tokens offered to the engine
     loaded_blocks: int = 0  # blocks copied into the engine's KV cache
     load_errors: int = 0  # blocks promised but missing or corrupt (recomputed)

@@ -69,6 +69,7 @@ class SharedStoreView(TierView):
         self._store = store
         self._stats = stats
         self._generation: int | None = None  # the last generation read from the store
+        self._failing: set[str] = set()  # kinds of call failing now (logged once)
 
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:
         """Ask the store; a failing store holds nothing."""
@@ -81,8 +82,12 @@ class SharedStoreView(TierView):
         return self.count_prefix([key]) == 1
 
     def generation(self) -> int | None:
-        """Read from the store each time, so a reset by any engine applies at once."""
-        self._generation = self._guarded("generation", self._store.generation, None)
+        """Read from the store each time, so a reset by any engine applies at once.
+
+        A failed read keeps the last generation read (the failure is counted); None
+        only while no read ever succeeded.
+        """
+        self._generation = self._guarded("generation", self._store.generation, self._generation)
         return self._generation
 
     def reset(self) -> bool:
@@ -94,15 +99,26 @@ class SharedStoreView(TierView):
         return True
 
     def _guarded(self, what: str, call: Callable[[], T], default: T) -> T:
-        """``call()``; any failure of the store (a StoreError, or a bug) gives ``default``."""
+        """``call()``; any failure of the store (a StoreError, or a bug) gives ``default``.
+
+        Logged once per kind of call until that call succeeds again, then counted only.
+        """
         try:
-            return call()
+            result = call()
         except Exception as exc:
             self._stats.add(store_errors=1)
-            log.warning(
-                "kvmux tier %s: %s failed, treated as a miss: %r", self._store.name, what, exc
+            level = logging.DEBUG if what in self._failing else logging.WARNING
+            self._failing.add(what)
+            log.log(
+                level,
+                "kvmux tier %s: %s failed, treated as a miss: %r",
+                self._store.name,
+                what,
+                exc,
             )
             return default
+        self._failing.discard(what)
+        return result
 
     def close(self) -> None:
         """Close the store."""
@@ -127,12 +143,13 @@ class RemoteStoreView(SharedStoreView):
         self._pool = ThreadPoolExecutor(2, thread_name_prefix=f"kvmux-{store.name}-lookup")
         self._in_flight: dict[tuple[bytes, int], Future[int]] = {}
         self._refresh: Future[int | None] | None = None
-        self._refreshed_at = 0.0
+        self._refreshed_at = time.monotonic()
+        super().generation()  # once at start, bounded by the socket timeouts
 
     def generation(self) -> int | None:
         """The last generation read, re-read off the scheduler thread once a second.
 
-        None until the first read landed: requests are then neither loaded nor saved.
+        None while no read ever succeeded: requests are then neither loaded nor saved.
         """
         now = time.monotonic()
         idle = self._refresh is None or self._refresh.done()

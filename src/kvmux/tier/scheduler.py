@@ -50,6 +50,7 @@ class TierScheduler:
         if state is None:
             generation = self._view.generation()
             if generation is None:  # unknown now: neither load nor save this request
+                self._stats.add(unkeyable_requests=1)
                 return None
             namespace = generation_namespace(self._namespace, generation)
             keys = block_keys(namespace, prompt, self._block_size, extras)

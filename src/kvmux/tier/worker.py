@@ -91,7 +91,7 @@ class TierWorker:
             if data is None or not self._install(transfer, skey, data):
                 self._load_errors.add(transfer.block_id)
                 self._failed_this_step.add(transfer.block_id)
-                self._missing.add(transfer.key)
+                self._report_missing([transfer.key])
                 failed += 1
         self._stats.add(
             loaded_blocks=len(loads) - failed,
@@ -160,9 +160,15 @@ class TierWorker:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    def _report_missing(self, keys: Iterable[BlockKey]) -> None:
+        """Keys the store does not hold after all (from any thread): the index forgets them."""
+        with self._pending_lock:
+            self._missing.update(keys)
+
     def take_missing(self) -> set[BlockKey]:
-        """Block keys the store could not serve since the last call."""
-        missing, self._missing = self._missing, set()
+        """Block keys the store could not serve, or never got, since the last call."""
+        with self._pending_lock:
+            missing, self._missing = self._missing, set()
         return missing
 
     # -- saves ---------------------------------------------------------------
@@ -179,7 +185,7 @@ class TierWorker:
         tainted = plan.blocks_computed_over(failed)
         dropped = [t for t in plan.saves if t.block_id in tainted]
         if dropped:
-            self._missing.update(t.key for t in dropped)  # the scheduler's index forgets them
+            self._report_missing(t.key for t in dropped)  # the scheduler's index forgets them
             self._stats.add(tainted_saves=len(dropped))
         return [t for t in plan.saves if t.block_id not in tainted]
 
@@ -196,7 +202,7 @@ class TierWorker:
             queued = self._queued_bytes
         self._stats.observe_save_queue(queued)
         if dropped:
-            self._missing.update(t.key for t in dropped)  # the scheduler's index forgets them
+            self._report_missing(t.key for t in dropped)  # the scheduler's index forgets them
             self._stats.add(dropped_saves=len(dropped))
             self._warn_once(
                 "queue",
@@ -215,13 +221,16 @@ class TierWorker:
         copies = self._mover.copy_out([t.block_id for t in saves]) if saves else []
         keys = [self._skey(t.key) for t in saves]
         evictions = [self._skey(k) for k in plan.evictions]
-        future = self._writer.submit(self._write, keys, copies, evictions)
+        blocks = [t.key for t in saves]
+        future = self._writer.submit(self._write, blocks, keys, copies, evictions)
         with self._pending_lock:
             for skey in keys:
                 self._pending[skey] = future
-        future.add_done_callback(partial(self._settle, keys, len(keys) * self._block_bytes))
+        future.add_done_callback(partial(self._settle, blocks, keys, len(keys) * self._block_bytes))
 
-    def _settle(self, keys: list[bytes], queued: int, future: Future[None]) -> None:
+    def _settle(
+        self, blocks: list[BlockKey], keys: list[bytes], queued: int, future: Future[None]
+    ) -> None:
         with self._pending_lock:
             self._queued_bytes -= queued
             for skey in keys:
@@ -230,23 +239,31 @@ class TierWorker:
         error = None if future.cancelled() else future.exception()
         if error is not None:  # never lost: a failed batch is counted and logged
             self._stats.add(save_errors=len(keys))
+            self._report_missing(blocks)
             self._warn_once(
                 "write", "kvmux tier %s: a save batch failed: %r", self._store.name, error
             )
 
-    def _write(self, keys: list[bytes], copies: list[torch.Tensor], evictions: list[bytes]) -> None:
+    def _write(
+        self,
+        blocks: list[BlockKey],
+        keys: list[bytes],
+        copies: list[torch.Tensor],
+        evictions: list[bytes],
+    ) -> None:
         assert self._mover is not None
         for skey in evictions:
             self._drop(skey)
         started = time.perf_counter()
         held = self._guarded("lookup", self._store.contains_many, keys, [False] * len(keys))
         specs = self._mover.layer_specs
+        rows = [row for row in range(len(keys)) if not held[row]]
         items = [
-            (skey, self._encode(skey, specs, BlockMover.block_parts(copies, row)))
-            for row, skey in enumerate(keys)
-            if not held[row]
+            (keys[row], self._encode(keys[row], specs, BlockMover.block_parts(copies, row)))
+            for row in rows
         ]
         stored = self._guarded("put", self._store.put_many, items, [False] * len(items))
+        self._report_missing(blocks[row] for row, ok in zip(rows, stored, strict=True) if not ok)
         written = sum(len(data) for (_, data), ok in zip(items, stored, strict=True) if ok)
         self._stats.add(
             saved_blocks=sum(stored),

@@ -8,7 +8,7 @@ from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores import MemoryStore
-from kvmux.tier.index import MirrorIndex, SharedStoreView
+from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView
 
 
 def _k(i: int) -> bytes:
@@ -160,3 +160,32 @@ def test_a_reset_by_one_engine_applies_to_every_engine_on_a_shared_tier(tmp_path
     assert one.generation() == other.generation() == 0
     assert one.reset()
     assert other.generation() == 1
+
+
+class FlakyGenerations(MemoryStore):
+    """A store whose generation reads fail while ``down``."""
+
+    down = False
+
+    def generation(self) -> int:
+        if self.down:
+            raise StoreError("server down")
+        return 4
+
+
+def test_a_remote_view_reads_the_generation_at_start_and_keeps_it_through_failures() -> None:
+    store = FlakyGenerations(1 << 20)
+    view = RemoteStoreView(store, TierStats(), wait_seconds=0.01)
+    try:
+        assert view.generation() == 4  # known from the first request on
+        stats = TierStats()
+        store.down = True
+        shared = SharedStoreView(store, stats)
+        assert shared.generation() is None  # never read: unknown
+        store.down = False
+        assert shared.generation() == 4
+        store.down = True
+        assert shared.generation() == 4  # a failed read keeps the last one, counted
+        assert stats.store_errors == 2
+    finally:
+        view.close()

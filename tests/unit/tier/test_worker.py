@@ -488,3 +488,23 @@ def test_even_a_buggy_store_is_only_a_counted_miss(make_worker: MakeWorker) -> N
     assert stats.saved_blocks == 0
     view = SharedStoreView(BuggyStore(1 << 20), stats)
     assert view.count_prefix([K1]) == 0
+
+
+class RefusingStore(MemoryStore):
+    """A full store: every write is refused."""
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+        return [False] * len(items)
+
+
+def test_saves_the_store_refused_are_reported_so_the_index_forgets_them(
+    make_worker: MakeWorker,
+) -> None:
+    stats = TierStats()
+    worker = make_worker(RefusingStore(1 << 20), _caches("blocks_first", random=True), stats=stats)
+    _save(worker, (K1, 1), (K3, 3))
+    assert stats.save_errors == 2
+    assert worker.take_missing() == {K1, K3}
+    buggy = make_worker(BuggyStore(1 << 20), _caches("blocks_first", random=True))
+    _save(buggy, (K1, 1))
+    assert buggy.take_missing() == {K1}  # a batch whose store raised, too
