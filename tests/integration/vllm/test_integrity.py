@@ -202,3 +202,50 @@ def test_signed_entries_load_only_for_holders_of_the_key(
     assert second["num_cached_tokens"] == [9 * BLOCK]  # its own signed entries load
     assert_same_logprobs(first, reference, 1)
     assert_same_logprobs(second, reference, 1)
+
+
+MM_BEFORE = " ".join(f"step {i}: read the request and return the config." for i in range(16))
+MM_AFTER = " ".join(f"then check item {i} of the output list." for i in range(22))
+MM_PROMPT = f"{MM_BEFORE}<image>{MM_AFTER}"  # about 240 + 259 image + 305 tokens
+
+
+@pytest.fixture(scope="session")
+def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A float32 random Idefics3 (vision tower + 2-layer Llama), built once per session."""
+    from tests.integration.multimodal_model import build_tiny_idefics3
+
+    return str(build_tiny_idefics3(tmp_path_factory.mktemp("mm-model") / "tiny-idefics3"))
+
+
+@pytest.mark.vllm
+def test_images_are_keyed_by_their_contents(tiny_idefics3: str) -> None:
+    """Two images of one size under the same prompt text (the same placeholder ids):
+    the second gets no block that holds image placeholders, nor any after them; the
+    first image again is served from the store and generates the same tokens."""
+    from tests.integration.conftest import ENGINE_ENV
+    from tests.integration.multimodal_model import run_multimodal_job
+
+    steps = [{"prompt": MM_PROMPT, "image_seed": seed, "max_tokens": 8} for seed in (1, 2, 1)]
+    engine = {
+        "dtype": "float32",
+        "enable_prefix_caching": False,
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 4,
+    }
+    store = {"type": "memory", "capacity": "256MiB"}
+    job = {"model": tiny_idefics3, "engine": engine, "kv": store_kv(store), "steps": steps}
+    cold, other, warm = run_multimodal_job(job, env=ENGINE_ENV)["steps"]
+    ids = cold["prompt_token_ids"]
+    assert other["prompt_token_ids"] == ids == warm["prompt_token_ids"]
+    start, end = cold["image_span"]
+    full = (len(ids) - 1) // BLOCK * BLOCK  # tokens in full blocks below the last one
+    assert start >= BLOCK and full >= end + BLOCK  # text-only blocks before and after it
+    assert cold["num_cached_tokens"] == 0
+    assert other["num_cached_tokens"] <= start // BLOCK * BLOCK
+    assert other["num_cached_tokens"] == start // BLOCK * BLOCK  # the text before is shared
+    assert warm["num_cached_tokens"] == full
+    worst_other = max(abs(a - b) for a, b in zip(other["logprobs"], cold["logprobs"], strict=True))
+    assert worst_other > LOGPROB_TOLERANCE  # the model does see the image
+    assert warm["tokens"] == cold["tokens"]
+    worst = max(abs(a - b) for a, b in zip(warm["logprobs"], cold["logprobs"], strict=True))
+    assert worst < LOGPROB_TOLERANCE
