@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from kvmux.tools.engine import run_engine_job
+from kvmux.tools.runner import RESULT_MARK, sampled_logprobs
 
 __all__ = [
     "IMAGE_SIDE",
     "IMAGE_TOKEN",
     "IMAGE_TOKENS",
-    "RESULT_MARK",
     "build_tiny_idefics3",
     "random_image",
     "run_multimodal_job",
@@ -52,7 +52,6 @@ SPECIAL_TOKENS = [
     "<end_of_utterance>",
     "<global-img>",
 ]
-RESULT_MARK = "KVMUX-MM-RESULT "
 _STAMP = "kvmux-idefics3.json"
 _VERSION = 1
 
@@ -159,13 +158,6 @@ def random_image(seed: int) -> Any:
     return Image.fromarray(pixels.astype("uint8"), "RGB")
 
 
-def _sampled_logprobs(completion: Any) -> list[float]:
-    return [
-        float(position[token].logprob)
-        for token, position in zip(completion.token_ids, completion.logprobs or [], strict=True)
-    ]
-
-
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Start one engine on the job's model; run each step's image prompt in turn."""
     from vllm import LLM, SamplingParams, TextPrompt
@@ -187,7 +179,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         results.append(
             {
                 "tokens": list(out.outputs[0].token_ids),
-                "logprobs": _sampled_logprobs(out.outputs[0]),
+                "logprobs": sampled_logprobs(out.outputs[0]),
                 "num_cached_tokens": int(out.num_cached_tokens or 0),
                 "prompt_token_ids": ids,
                 "image_span": [around[0], around[-1] + 1],
@@ -200,27 +192,12 @@ def run_multimodal_job(
     job: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 600
 ) -> dict[str, Any]:
     """Run ``job`` with this module as a script in a fresh process; return its result."""
-    with tempfile.TemporaryDirectory(prefix="kvmux-mm-job-") as tmp:
-        job_file = Path(tmp) / "job.json"
-        job_file.write_text(json.dumps(job))
-        child_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.integration.multimodal_model", str(job_file)],
-            capture_output=True,
-            text=True,
-            env=child_env,
-            cwd=Path(__file__).resolve().parents[2],  # where ``tests`` is importable
-            timeout=timeout,
-            check=False,
-        )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_MARK):
-            result: dict[str, Any] = json.loads(line[len(RESULT_MARK) :])
-            result["log"] = proc.stderr[-20000:]
-            return result
-    raise RuntimeError(
-        f"multimodal engine job exited with {proc.returncode}:\n"
-        f"{proc.stderr[-6000:]}\n{proc.stdout[-2000:]}"
+    return run_engine_job(
+        job,
+        env=env,
+        timeout=timeout,
+        module="tests.integration.multimodal_model",
+        cwd=Path(__file__).resolve().parents[2],  # where ``tests`` is importable
     )
 
 

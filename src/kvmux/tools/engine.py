@@ -29,18 +29,25 @@ def run_engine_job(
     env: dict[str, str] | None = None,
     timeout: float = 900,
     python: str | None = None,
+    module: str = "kvmux.tools.runner",
+    cwd: Path | None = None,
 ) -> dict[str, Any]:
-    """Run ``job`` (see ``kvmux.tools.runner``) in a fresh process; return its result."""
+    """Run ``job`` (see ``kvmux.tools.runner``) in a fresh process; return its result.
+
+    ``module`` is the script run with ``python -m``: any that prints its result after
+    ``RESULT_MARK`` on a line of its own.
+    """
     with tempfile.TemporaryDirectory(prefix="kvmux-job-") as tmp:
         job_file = Path(tmp) / "job.json"
         job_file.write_text(json.dumps(job))
         layout = "1" if job.get("multiprocess") else "0"  # vLLM's default layout is "1"
         child_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": layout, **(env or {})}
         proc = subprocess.run(
-            [python or sys.executable, "-m", "kvmux.tools.runner", str(job_file)],
+            [python or sys.executable, "-m", module, str(job_file)],
             capture_output=True,
             text=True,
             env=child_env,
+            cwd=cwd,
             timeout=timeout,
             check=False,
         )

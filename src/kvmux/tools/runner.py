@@ -56,7 +56,7 @@ def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
         "stats": _tier_counters(llm),
     }
     if logprobs is not None:
-        result["logprobs"] = [_sampled_logprobs(o.outputs[0]) for o in outputs]
+        result["logprobs"] = [sampled_logprobs(o.outputs[0]) for o in outputs]
     return result
 
 
@@ -74,7 +74,7 @@ def _prompt(spec: Any) -> Any:
     return TokensPrompt(prompt_token_ids=spec)
 
 
-def _sampled_logprobs(completion: Any) -> list[float]:
+def sampled_logprobs(completion: Any) -> list[float]:
     """The log-probability of each generated token."""
     return [
         float(position[token].logprob)
