@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -14,7 +15,7 @@ from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
 
-__all__ = ["MirrorIndex", "RemoteStoreView", "SharedStoreView", "TierView"]
+__all__ = ["MirrorIndex", "RecentSaves", "RemoteStoreView", "SharedStoreView", "TierView"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,11 +59,63 @@ class TierView(ABC):
         return False
 
 
+class RecentSaves:
+    """Keys whose saves were planned moments ago: held, though perhaps not written yet.
+
+    The workers write saves off the forward path, so a request right behind another
+    with the same prefix would miss blocks still in the writer's queue. The worker's
+    load waits for a queued save of the same key, so counting them is safe; a save
+    that is dropped or fails is reported back and forgotten here. After ``ttl``
+    seconds the store answers alone.
+    """
+
+    def __init__(self, ttl: float = 10.0, max_keys: int = 65536):
+        self._ttl = ttl
+        self._max_keys = max_keys
+        self._planned: OrderedDict[BlockKey, float] = OrderedDict()
+        self._lock = threading.Lock()  # remote lookups read from a thread
+
+    def add(self, keys: Iterable[BlockKey]) -> None:
+        """Note keys whose saves were just planned."""
+        now = time.monotonic()
+        with self._lock:
+            for key in keys:
+                self._planned[key] = now
+                self._planned.move_to_end(key)
+            while len(self._planned) > self._max_keys:
+                self._planned.popitem(last=False)
+
+    def discard(self, keys: Iterable[BlockKey]) -> None:
+        """Forget keys whose saves were dropped or failed."""
+        with self._lock:
+            for key in keys:
+                self._planned.pop(key, None)
+
+    def count_prefix(self, keys: Sequence[BlockKey]) -> int:
+        """How many of ``keys``, from the first, were planned within the last ``ttl`` s."""
+        oldest = time.monotonic() - self._ttl
+        with self._lock:
+            while self._planned and next(iter(self._planned.values())) < oldest:
+                self._planned.popitem(last=False)
+            count = 0
+            for key in keys:
+                if key not in self._planned:
+                    break
+                count += 1
+            return count
+
+    def clear(self) -> None:
+        """Forget everything (a new generation)."""
+        with self._lock:
+            self._planned.clear()
+
+
 class SharedStoreView(TierView):
     """A store both halves can open (disk, Redis): ask it directly; errors are misses.
 
     Lookups check rank 0's shard of each block; every rank saves the same blocks, and
     a shard missing on another rank is a load error that the engine recomputes.
+    Blocks whose saves this engine planned moments ago count as held (``RecentSaves``).
     """
 
     def __init__(self, store: KVStore, stats: TierStats):
@@ -70,12 +123,26 @@ class SharedStoreView(TierView):
         self._stats = stats
         self._generation: int | None = None  # the last generation read from the store
         self._failing: set[str] = set()  # kinds of call failing now (logged once)
+        self._recent = RecentSaves()
 
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:
-        """Ask the store; a failing store holds nothing."""
-        return self._guarded(
+        """Ask the store, then count on through saves still being written.
+
+        A failing store holds nothing.
+        """
+        held = self._guarded(
             "lookup", lambda: self._store.count_prefix([store_key(k, 0) for k in keys]), 0
         )
+        return held + self._recent.count_prefix(keys[held:])
+
+    def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
+        """Count the keys as held while they are written; the store evicts on its own."""
+        self._recent.add(keys)
+        return []
+
+    def forget(self, keys: Iterable[BlockKey]) -> None:
+        """Saves dropped or failed, or entries that could not be loaded."""
+        self._recent.discard(keys)
 
     def contains(self, key: BlockKey) -> bool:
         """Ask the store; a failing store holds nothing."""
@@ -96,6 +163,7 @@ class SharedStoreView(TierView):
         if new is None:
             return False
         self._generation = new
+        self._recent.clear()
         return True
 
     def _guarded(self, what: str, call: Callable[[], T], default: T) -> T:

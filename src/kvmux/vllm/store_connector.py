@@ -12,8 +12,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvmux.config import (
+    DiskSpec,
     MemorySpec,
     RedisSpec,
     StoreConnectorConfig,
@@ -37,6 +39,9 @@ from kvmux.vllm.engine_config import (
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
 from kvmux.vllm.request_keys import block_extras, prompt_tokens
 from kvmux.vllm.stats import StoreConnectorStats
+
+# vLLM's prompt_tokens_by_source splits hits by these; a remote store is "external".
+_HIT_SOURCES = {MemorySpec: CacheHitSource.HOST, DiskSpec: CacheHitSource.DISK}
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -81,6 +86,7 @@ class StoreConnector(KVConnectorBase_V1):
         )
         spec = self.config.store
         self.tier_name = spec.name
+        self._cache_hit_source = _HIT_SOURCES.get(type(spec), CacheHitSource.EXTERNAL_UNSPECIFIED)
         self.stats = TierStats()  # this instance's own counters (one half of the tier)
         namespace = engine_namespace(vllm_config, kv_cache_config)
         if spec.signing is not None:  # signed and unsigned entries never share a key

@@ -8,7 +8,7 @@ from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores import MemoryStore
-from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView
+from kvmux.tier.index import MirrorIndex, RecentSaves, RemoteStoreView, SharedStoreView
 
 
 def _k(i: int) -> bytes:
@@ -130,10 +130,32 @@ def test_shared_view_asks_the_store_for_rank_zero_shards() -> None:
     assert view.count_prefix(keys) == 2
     assert view.contains(keys[1])
     assert not view.contains(keys[2])
-    assert view.record_saved(keys) == []  # the store evicts by itself
-    view.forget(keys)  # no-op: the store is the truth
-    assert view.count_prefix(keys) == 2
     assert stats.store_errors == 0
+
+
+def test_saves_still_being_written_count_as_held_until_forgotten() -> None:
+    store = MemoryStore(1 << 20)
+    view = SharedStoreView(store, TierStats())
+    keys = [BlockKey(_k(i)) for i in range(4)]
+    store.put(store_key(keys[0], 0), b"entry")
+    assert view.record_saved(keys[1:3]) == []  # the store evicts by itself
+    assert view.count_prefix(keys) == 3  # one written, two in the writer's queue
+    assert view.contains(keys[2])
+    view.forget([keys[2]])  # its save was dropped
+    assert view.count_prefix(keys) == 2
+    assert view.reset()
+    assert view.count_prefix(keys[1:]) == 0
+
+
+def test_recent_saves_expire_and_stay_bounded() -> None:
+    recent = RecentSaves(ttl=0.0, max_keys=2)
+    keys = [BlockKey(_k(i)) for i in range(3)]
+    recent.add(keys)
+    assert recent.count_prefix(keys) == 0  # expired at once: the store answers alone
+    recent = RecentSaves(ttl=60.0, max_keys=2)
+    recent.add(keys)
+    assert recent.count_prefix(keys[1:]) == 2
+    assert recent.count_prefix(keys) == 0  # the oldest went past the bound
 
 
 class _FailingStore(MemoryStore):
