@@ -30,12 +30,15 @@ from kvmux.policies.breaker import CircuitBreaker
 from kvmux.vllm.children import child_classes, mux_config
 from kvmux.vllm.engine_config import prefer_recompute
 from kvmux.vllm.metadata import MuxMetadata, MuxWorkerMetadata
-from kvmux.vllm.stats import MuxConnectorStats, MuxPromMetrics
+from kvmux.vllm.prom import CHILD_LABEL, MuxPromMetrics, SharedMetricTypes
+from kvmux.vllm.stats import MUX_COUNTERS, MuxConnectorStats, MuxCounterStats, connector_path
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVConnectorKVEvents
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -58,8 +61,10 @@ class MuxConnector(KVConnectorBase_V1):
         self.config = mux_config(vllm_config)
         self._children: list[KVConnectorBase_V1] = []
         self._guards: list[ChildGuard] = []
+        self._child_paths: dict[str, str] = {}  # label: connector class, for stats
         for label, cls, temp in child_classes(vllm_config):
             self._children.append(cls(temp, role, kv_cache_config))
+            self._child_paths[label] = connector_path(cls)
             breaker = CircuitBreaker(self.config.breaker_seconds, self.config.breaker_max_seconds)
             self._guards.append(ChildGuard(label, breaker))
         offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
@@ -128,8 +133,8 @@ class MuxConnector(KVConnectorBase_V1):
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> MuxConnectorStats:
-        """Rebuild the per-child stats sent from the workers."""
-        return MuxConnectorStats(data=dict(data or {}))
+        """Rebuild the stats sent from the engine: each child's by its own class."""
+        return MuxConnectorStats.from_payload(data or {})
 
     @classmethod
     def build_prom_metrics(
@@ -139,8 +144,17 @@ class MuxConnector(KVConnectorBase_V1):
         labelnames: list[str],
         per_engine_labelvalues: Any,
     ) -> MuxPromMetrics:
-        """Prometheus counters per child, labelled by the child's position and name."""
-        children = [label for label, _, _ in child_classes(vllm_config)]
+        """The mux's counters per child, and each child's own metrics with a child label."""
+        shared = SharedMetricTypes(metric_types)
+        names = [*labelnames, CHILD_LABEL]
+        children: dict[str, Any] = {}
+        for label, child_cls, temp in child_classes(vllm_config):
+            values = {i: [*v, label] for i, v in per_engine_labelvalues.items()}
+            try:
+                children[label] = child_cls.build_prom_metrics(temp, shared.types, names, values)
+            except Exception as exc:  # a child's metrics never keep the engine from starting
+                log.warning("kvmux mux: child %s has no Prometheus metrics: %r", label, exc)
+                children[label] = None
         return MuxPromMetrics(
             vllm_config, metric_types, labelnames, per_engine_labelvalues, children
         )
@@ -151,6 +165,11 @@ class MuxConnector(KVConnectorBase_V1):
         """Bind the cache manager to every child."""
         super().bind_kv_cache_manager(kv_cache_manager)
         self._each("bind_kv_cache_manager", lambda c: c.bind_kv_cache_manager(kv_cache_manager))
+
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        """Bind the engine's block pool to every child."""
+        super().bind_gpu_block_pool(gpu_block_pool)
+        self._each("bind_gpu_block_pool", lambda c: c.bind_gpu_block_pool(gpu_block_pool))
 
     def on_new_request(self, request: Request) -> None:
         """Tell every child about a new request."""
@@ -265,6 +284,25 @@ class MuxConnector(KVConnectorBase_V1):
     def has_pending_push_work(self) -> bool:
         """True if any child has push work."""
         return any(self._each("has_pending_push_work", lambda c: c.has_pending_push_work(), False))
+
+    def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
+        """The children's KV cache events of the step; several children's are merged."""
+        found = [
+            events
+            for events in self._each(
+                "get_kv_connector_kv_cache_events", lambda c: c.get_kv_connector_kv_cache_events()
+            )
+            if events is not None
+        ]
+        if not found:
+            return None
+        merged: KVConnectorKVEvents = found[0]
+        for events in found[1:]:
+            try:
+                merged = merged.merge(events)
+            except Exception as exc:  # events of unlike kinds: keep the first child's
+                log.warning("kvmux mux: cannot merge KV cache events: %r", exc)
+        return merged
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         """The first child's handshake metadata that is not None."""
@@ -404,20 +442,20 @@ class MuxConnector(KVConnectorBase_V1):
         return MuxWorkerMetadata(metas, opened)
 
     def get_kv_connector_stats(self) -> MuxConnectorStats | None:
-        """Per-child counters of this interval, keyed by position and name."""
-        data: dict[str, Any] = {}
+        """Each child's own stats object of this interval under its label, and the mux's
+        counters of every child."""
+        stats = MuxConnectorStats()
+        counters: dict[str, Any] = {}
         for child, guard in zip(self._children, self._guards, strict=True):
             child_stats = guard.call(
                 "get_kv_connector_stats", child.get_kv_connector_stats, None, always=True
             )
-            entry: dict[str, Any] = dict(guard.snapshot())
-            if child_stats is not None and not child_stats.is_empty():
-                entry["child"] = {
-                    k: v for k, v in child_stats.reduce().items() if isinstance(v, int | float)
-                }
-            data[guard.label] = entry
+            if child_stats is not None:
+                stats.data[guard.label] = child_stats
+                stats.connectors[guard.label] = self._child_paths[guard.label]
+            counters[guard.label] = guard.snapshot()
             guard.reset_counters()
-        stats = MuxConnectorStats(data=data)
+        stats.data[MUX_COUNTERS] = MuxCounterStats(data=counters)
         self._maybe_log(stats)
         return None if stats.is_empty() else stats
 

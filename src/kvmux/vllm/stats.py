@@ -1,18 +1,28 @@
-"""KV-connector stats of both connectors, and MuxConnector's Prometheus series per child."""
+"""KV-connector stats of both connectors: a tier's counters, and MuxConnector's per child."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import logging
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
-    KVConnectorPromMetrics,
-    KVConnectorStats,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-__all__ = ["GAUGES", "MuxConnectorStats", "MuxPromMetrics", "StoreConnectorStats"]
+__all__ = [
+    "GAUGES",
+    "MUX_COUNTERS",
+    "MuxConnectorStats",
+    "MuxCounterStats",
+    "StoreConnectorStats",
+    "connector_path",
+]
 
+log = logging.getLogger("kvmux.mux")
 GAUGES = frozenset({"breaker_open"})  # maxed, not summed, across workers and intervals
+MUX_COUNTERS = "mux"  # MuxConnectorStats' key of its own counters; child labels hold a ":"
 
 
 def _merge(mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
@@ -62,61 +72,101 @@ class StoreConnectorStats(KVConnectorStats):
 
 
 @dataclass
-class MuxConnectorStats(StoreConnectorStats):
-    """``data`` maps each child's label ("0:memory", "1:ExampleConnector") to its counters."""
+class MuxCounterStats(StoreConnectorStats):
+    """MuxConnector's own counters of each child (calls, errors, breaker), by label."""
 
 
-class MuxPromMetrics(KVConnectorPromMetrics):
-    """``kvmux_mux_<counter>_total{child="0:memory"}`` counters and a breaker gauge."""
+def connector_path(cls: type[Any]) -> str:
+    """``module:QualName`` of a connector class, as MuxConnectorStats carries it."""
+    return f"{cls.__module__}:{cls.__qualname__}"
 
-    COUNTERS = (
-        "lookups",
-        "hit_tokens",
-        "errors",
-        "load_errors",
-        "save_errors",
-        "skipped_calls",
-        "load_seconds",
-        "save_seconds",
-    )
 
-    def __init__(
-        self,
-        vllm_config: Any,
-        metric_types: Any,
-        labelnames: list[str],
-        per_engine_labelvalues: dict[int, list[object]],
-        children: list[str],
-    ):
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        names = [*labelnames, "child"]
-        counter_cls: Any = self._counter_cls
-        gauge_cls: Any = self._gauge_cls
-        self._counters: dict[str, Any] = {
-            name: counter_cls(
-                name=f"kvmux_mux_{name}_total",
-                documentation=f"kvmux MuxConnector {name}",
-                labelnames=names,
-            )
-            for name in self.COUNTERS
-        }
-        self._breaker = gauge_cls(
-            name="kvmux_mux_breaker_open",
-            documentation="1 while the child's circuit breaker is open",
-            labelnames=names,
-            multiprocess_mode="mostrecent",
-        )
-        self._children = children
+@cache
+def _connector_class(path: str) -> type[KVConnectorBase_V1] | None:
+    """The connector class at ``path``; None (logged once) if it is not one."""
+    module, _, name = path.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        log.warning("kvmux mux: cannot rebuild the stats of %s: %r", path, exc)
+        return None
+    if not (isinstance(found, type) and issubclass(found, KVConnectorBase_V1)):
+        log.warning("kvmux mux: %s is not a KV connector; its stats are dropped", path)
+        return None
+    return found
 
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        """Add one interval's per-child counters."""
-        base = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
-        for child, counters in transfer_stats_data.items():
-            if not isinstance(counters, dict):
-                continue
-            labels = [*base, child]
-            for name, metric in self._counters.items():
-                value = counters.get(name, 0)
-                if value:
-                    metric.labels(*labels).inc(value)
-            self._breaker.labels(*labels).set(counters.get("breaker_open", 0))
+
+@dataclass
+class MuxConnectorStats(KVConnectorStats):
+    """Each child's own ``KVConnectorStats`` under its label ("0:memory"), kept by its class.
+
+    ``data[MUX_COUNTERS]`` holds the mux's counters of every child. ``connectors`` names
+    each label's connector class, so stats sent as plain dicts (to vLLM's front end) are
+    rebuilt by the child's own ``build_kv_connector_stats``.
+    """
+
+    connectors: dict[str, str] = field(default_factory=dict)
+
+    def children(self) -> dict[str, KVConnectorStats]:
+        """The children's stats objects, by label."""
+        return {k: v for k, v in self.data.items() if k != MUX_COUNTERS}
+
+    def counters(self) -> dict[str, dict[str, Any]]:
+        """The mux's own counters, by child label."""
+        own = self.data.get(MUX_COUNTERS)
+        return dict(own.data) if isinstance(own, KVConnectorStats) else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: each child's ``to_dict()`` with its connector class, and the counters."""
+        payload: dict[str, Any] = {MUX_COUNTERS: self.counters()}
+        for label, stats in self.children().items():
+            payload[label] = {"connector": self.connectors.get(label), "stats": stats.to_dict()}
+        return payload
+
+    @classmethod
+    def from_payload(cls, data: dict[str, Any]) -> MuxConnectorStats:
+        """Rebuild from ``to_dict()`` output (or from objects, in one process)."""
+        stats = cls()
+        for label, value in data.items():
+            if label == MUX_COUNTERS:
+                own = value if isinstance(value, KVConnectorStats) else None
+                stats.data[label] = own or MuxCounterStats(data=dict(value or {}))
+            elif isinstance(value, KVConnectorStats):
+                stats.data[label] = value
+            elif isinstance(value, dict) and value.get("connector"):
+                child_cls = _connector_class(str(value["connector"]))
+                rebuilt = None
+                if child_cls is not None:
+                    rebuilt = child_cls.build_kv_connector_stats(data=value.get("stats"))
+                if rebuilt is not None:
+                    stats.data[label] = rebuilt
+                    stats.connectors[label] = str(value["connector"])
+        return stats
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        """Each child's stats aggregated by its own class; the mux's counters summed."""
+        for label, theirs in other.data.items():
+            mine = self.data.get(label)
+            self.data[label] = theirs if mine is None else mine.aggregate(theirs)
+        if isinstance(other, MuxConnectorStats):
+            self.connectors.update(other.connectors)
+        return self
+
+    def reset(self) -> None:
+        """Reset every child's stats and the counters."""
+        for stats in self.data.values():
+            stats.reset()
+
+    def reduce(self) -> dict[str, Any]:
+        """Each child's own reduction under its label; the mux's counters under "mux"."""
+        reduced: dict[str, Any] = {k: v.reduce() for k, v in self.children().items()}
+        own = self.data.get(MUX_COUNTERS)
+        if own is not None and not own.is_empty():
+            reduced[MUX_COUNTERS] = own.data
+        return reduced
+
+    def is_empty(self) -> bool:
+        """True when no child and no counter moved."""
+        return all(stats.is_empty() for stats in self.data.values())

@@ -42,7 +42,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 
 MODULE = __name__  # the kv_connector_module_path of the scripted children
 
@@ -86,21 +89,43 @@ class ScriptedWorkerMeta(KVConnectorWorkerMetadata):
 
 @dataclass
 class ScriptedStats(KVConnectorStats):
-    """Flat numeric counters."""
+    """Numbers are summed; lists are observations, reduced to their mean (``avg_<key>``)."""
 
     def reset(self) -> None:
         self.data = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for key, value in other.data.items():
-            self.data[key] = self.data.get(key, 0) + value
+            empty: Any = [] if isinstance(value, list) else 0
+            self.data[key] = self.data.get(key, empty) + value
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
+        reduced: dict[str, int | float] = {}
+        for key, value in self.data.items():
+            if isinstance(value, list):
+                reduced[f"avg_{key}"] = sum(value) / len(value) if value else 0.0
+            else:
+                reduced[key] = value
+        return reduced
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
+
+
+class ScriptedProm(KVConnectorPromMetrics):
+    """A child's own Prometheus metrics: ``scripted_hits_total`` per engine."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        counter_cls: Any = self._counter_cls
+        hits = counter_cls(
+            name="scripted_hits_total", documentation="hits", labelnames=self._labelnames
+        )
+        self.hits = {i: hits.labels(*v) for i, v in self.per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        self.hits[engine_idx].inc(transfer_stats_data.get("hits", 0))
 
 
 def reset() -> None:
@@ -164,6 +189,12 @@ class ScriptedConnector(KVConnectorBase_V1):
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         return bool(extra_config.get("piecewise", False))
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any
+    ) -> KVConnectorPromMetrics:
+        return ScriptedProm(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ScriptedStats:

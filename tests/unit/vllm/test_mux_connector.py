@@ -36,6 +36,7 @@ from tests.unit.vllm.scripted import (
     SCRIPTS,
     ScriptedConnector,
     ScriptedMetadata,
+    ScriptedStats,
     ScriptedWorkerMeta,
     args_of,
     calls,
@@ -1128,14 +1129,30 @@ def test_stats_per_child_keyed_by_label() -> None:
     engine.schedule(request(), computed=16)
     stats = engine.sched.get_kv_connector_stats()
     assert isinstance(stats, MuxConnectorStats)
-    assert set(stats.data) == {A, B}
-    assert stats.data[A]["lookups"] == 1.0
-    assert stats.data[A]["hit_tokens"] == 32.0
-    assert stats.data[A]["child"] == {"hits": 3}
-    assert stats.data[B]["hit_tokens"] == 0.0
-    assert stats.data[B]["child"] == {"hits": 5}
-    assert stats.reduce()[f"{A}.hit_tokens"] == 32.0
-    assert stats.reduce()[f"{B}.child.hits"] == 5
+    assert set(stats.children()) == {A, B}
+    assert isinstance(stats.data[A], ScriptedStats)  # the child's own object
+    assert stats.data[A].data == {"hits": 3}
+    counters = stats.counters()
+    assert counters[A]["lookups"] == 1.0
+    assert counters[A]["hit_tokens"] == 32.0
+    assert counters[B]["hit_tokens"] == 0.0
+    reduced = stats.reduce()
+    assert reduced[A] == {"hits": 3}  # reduced by the child's own class
+    assert reduced[B] == {"hits": 5}
+    assert reduced["mux"][A]["hit_tokens"] == 32.0
+
+
+def test_a_childs_averages_are_never_summed_across_intervals_or_workers() -> None:
+    """Two workers, two intervals each, of a child that reports a mean transfer time."""
+    workers = [make(WORKER, child("a", stats={"ms": [1000, 2000]})) for _ in range(2)]
+    intervals = [w.get_kv_connector_stats() for w in workers for _ in range(2)]
+    total = MuxConnector.build_kv_connector_stats(None)
+    for interval in intervals:
+        assert interval is not None
+        # as vLLM sends them to its front end: plain data, rebuilt there by the mux's class
+        total.aggregate(MuxConnector.build_kv_connector_stats(interval.to_dict()))
+    assert isinstance(total.data[A], ScriptedStats)
+    assert total.reduce()[A] == {"avg_ms": 1500.0}
 
 
 def test_stats_reset_each_interval() -> None:
@@ -1155,33 +1172,51 @@ def test_stats_count_errors_and_the_breaker() -> None:
     mux.get_block_ids_with_load_errors()
     stats = mux.get_kv_connector_stats()
     assert stats is not None
-    assert stats.data[A]["errors"] == 1.0
-    assert stats.data[A]["breaker_open"] == 1.0
-    assert stats.data[A]["breaker_trips"] == 1.0
-    assert stats.data[B]["errors"] == 0.0
-    assert stats.data[B]["breaker_open"] == 0.0
+    counters = stats.counters()
+    assert counters[A]["errors"] == 1.0
+    assert counters[A]["breaker_open"] == 1.0
+    assert counters[A]["breaker_trips"] == 1.0
+    assert counters[B]["errors"] == 0.0
+    assert counters[B]["breaker_open"] == 0.0
 
 
-def test_mux_connector_stats_aggregate_reduce_is_empty() -> None:
-    one = MuxConnectorStats(data={A: {"lookups": 2, "breaker_open": 1.0, "child": {"x": 1}}})
-    two = MuxConnectorStats(data={A: {"lookups": 3, "breaker_open": 0.0}, B: {"errors": 1}})
+def test_stats_payload_round_trip_rebuilds_each_child_by_its_class() -> None:
+    mux = make(WORKER, child("a", stats={"hits": 2}), child("b"))
+    stats = mux.get_kv_connector_stats()
+    assert stats is not None
+    payload = stats.to_dict()
+    assert payload[A]["stats"] == {"hits": 2}
+    assert payload[A]["connector"] == f"{scripted.MODULE}:ScriptedConnector"
+    rebuilt = MuxConnector.build_kv_connector_stats(payload)
+    assert isinstance(rebuilt.data[A], ScriptedStats)
+    assert rebuilt.counters() == payload["mux"]
+    assert rebuilt.to_dict() == payload
+    assert MuxConnector.build_kv_connector_stats(None).is_empty()
+    rebuilt.reset()
+    assert rebuilt.is_empty()
+
+
+def test_stats_of_an_unknown_connector_class_are_dropped_not_fatal() -> None:
+    payload = {
+        A: {"connector": "no.such.module:Gone", "stats": {"hits": 1}},
+        B: {"connector": "builtins:dict", "stats": {"hits": 1}},  # not a connector
+        "mux": {A: {"lookups": 1}},
+    }
+    rebuilt = MuxConnector.build_kv_connector_stats(payload)
+    assert rebuilt.children() == {}
+    assert rebuilt.counters() == {A: {"lookups": 1}}
+
+
+def test_mux_counters_aggregate_gauges_by_max() -> None:
+    one = MuxConnector.build_kv_connector_stats({"mux": {A: {"lookups": 2, "breaker_open": 1.0}}})
+    two = MuxConnector.build_kv_connector_stats(
+        {"mux": {A: {"lookups": 3, "breaker_open": 0.0}, B: {"errors": 1}}}
+    )
     merged = one.aggregate(two)
     assert merged is one
-    assert merged.reduce() == {
-        f"{A}.lookups": 5,
-        f"{A}.breaker_open": 1.0,  # a gauge: maxed, not summed
-        f"{A}.child.x": 1,
-        f"{B}.errors": 1,
-    }
-    assert not merged.is_empty()
-    assert MuxConnectorStats().is_empty()
-    assert MuxConnectorStats(data={A: {"lookups": 0.0, "child": {"x": 0}}}).is_empty()
-    assert MuxConnector.build_kv_connector_stats({A: {"lookups": 1}}).reduce() == {
-        f"{A}.lookups": 1
-    }
-    assert MuxConnector.build_kv_connector_stats(None).is_empty()
-    merged.reset()
-    assert merged.is_empty()
+    assert one.counters() == {A: {"lookups": 5, "breaker_open": 1.0}, B: {"errors": 1}}
+    assert not one.is_empty()
+    assert MuxConnector.build_kv_connector_stats({"mux": {A: {"lookups": 0}}}).is_empty()
 
 
 def test_two_workers_of_two_same_class_children_stay_apart() -> None:
@@ -1194,10 +1229,12 @@ def test_two_workers_of_two_same_class_children_stay_apart() -> None:
         w.get_block_ids_with_load_errors()
     first, second = (w.get_kv_connector_stats() for w in workers)
     assert first is not None and second is not None
-    total = first.aggregate(second).reduce()
-    assert total[f"{A}.errors"] == 2.0
-    assert total[f"{B}.errors"] == 0.0
-    assert total[f"{A}.breaker_open"] == 1.0
+    total = first.aggregate(second)
+    assert isinstance(total, MuxConnectorStats)
+    counters = total.counters()
+    assert counters[A]["errors"] == 2.0
+    assert counters[B]["errors"] == 0.0
+    assert counters[A]["breaker_open"] == 1.0
 
 
 # -- regressions: src bugs this suite found (fixed in src while it was written) ------------
@@ -1226,7 +1263,8 @@ def test_breaker_trips_are_counted_once_across_intervals() -> None:
     second = mux.get_kv_connector_stats()
     assert first is not None
     total = first if second is None else first.aggregate(second)
-    assert total.reduce()[f"{A}.breaker_trips"] == 1.0
+    assert isinstance(total, MuxConnectorStats)
+    assert total.counters()[A]["breaker_trips"] == 1.0
 
 
 def test_error_in_child_stats_is_reported() -> None:
@@ -1234,5 +1272,5 @@ def test_error_in_child_stats_is_reported() -> None:
     first = mux.get_kv_connector_stats()
     assert guard(mux, 0).breaker.state == "open"
     second = mux.get_kv_connector_stats()
-    reported = sum(s.data[A]["errors"] for s in (first, second) if s is not None)
+    reported = sum(s.counters()[A]["errors"] for s in (first, second) if s is not None)
     assert reported == 2.0  # stats are asked for past an open breaker too: both errors count
