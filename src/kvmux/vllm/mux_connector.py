@@ -18,16 +18,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
     supports_hma,
 )
 
-from kvmux.config import parse_mux_config
 from kvmux.errors import ConfigError
 from kvmux.mux.guard import ChildGuard
 from kvmux.mux.scheduler import MuxScheduler
 from kvmux.mux.worker import MuxWorker
 from kvmux.policies.breaker import CircuitBreaker
-from kvmux.vllm.children import child_classes, mux_config
+from kvmux.vllm.children import child_classes, child_transfer_configs, mux_config
 from kvmux.vllm.engine_config import prefer_recompute
 from kvmux.vllm.metadata import MuxMetadata, MuxWorkerMetadata
 from kvmux.vllm.prom import CHILD_LABEL, MuxPromMetrics, SharedMetricTypes
@@ -51,8 +51,12 @@ log = logging.getLogger("kvmux.mux")
 STATS_LOG_SECONDS = 60.0
 
 
-class MuxConnector(KVConnectorBase_V1):
-    """Loads a request from one or several children, saves to all, survives their failures."""
+class MuxConnector(KVConnectorBase_V1, SupportsHMA):
+    """Loads a request from one or several children, saves to all, survives their failures.
+
+    It declares HMA support at class level (vLLM asks the class, not its children); a model
+    with several KV cache groups is refused at start if any child cannot handle them.
+    """
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -62,7 +66,9 @@ class MuxConnector(KVConnectorBase_V1):
         self._children: list[KVConnectorBase_V1] = []
         self._guards: list[ChildGuard] = []
         self._child_paths: dict[str, str] = {}  # label: connector class, for stats
-        for label, cls, temp in child_classes(vllm_config):
+        children = child_classes(vllm_config)
+        _refuse_hybrid_without_hma(children, kv_cache_config)
+        for label, cls, temp in children:
             self._children.append(cls(temp, role, kv_cache_config))
             self._child_paths[label] = connector_path(cls)
             breaker = CircuitBreaker(self.config.breaker_seconds, self.config.breaker_max_seconds)
@@ -123,13 +129,39 @@ class MuxConnector(KVConnectorBase_V1):
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """True if any child needs piecewise CUDA graphs."""
-        for child in parse_mux_config(extra_config, {"kv_role": "kv_both"}).children:
-            child_cls = KVConnectorFactory.get_connector_class(KVTransferConfig(**child.fields))
-            if child_cls.requires_piecewise_for_cudagraph(
-                child.fields.get("kv_connector_extra_config", {})
-            ):
-                return True
-        return False
+        ktc = KVTransferConfig(
+            kv_connector="MuxConnector", kv_role="kv_both", kv_connector_extra_config=extra_config
+        )
+        return any(
+            child_cls.requires_piecewise_for_cudagraph(child_ktc.kv_connector_extra_config)
+            for _, child_cls, child_ktc in child_transfer_configs(ktc)
+        )
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        """(vLLM 0.33+) Only when every child does."""
+        children = child_transfer_configs(kv_transfer_config)
+        return all(getattr(c, "supports_sleep_mode", lambda _: True)(k) for _, c, k in children)
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        """(vLLM 0.34+) Only when there are children and every one does."""
+        children = child_transfer_configs(kv_transfer_config)
+        return bool(children) and all(
+            getattr(c, "supports_lookahead_block_hashes", lambda _: False)(k)
+            for _, c, k in children
+        )
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: KVTransferConfig) -> Any:
+        """(vLLM 0.34+) Every access any child needs to the KV cache memory."""
+        from vllm.config.kv_transfer import KVCacheAccess  # type: ignore[attr-defined]
+
+        access = KVCacheAccess.IN_PROCESS
+        ask = getattr(KVConnectorFactory, "kv_cache_access", None)
+        for _, child_cls, child_ktc in child_transfer_configs(kv_transfer_config):
+            access |= ask(child_ktc) if ask else child_cls.kv_cache_access(child_ktc)
+        return access
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> MuxConnectorStats:
@@ -162,18 +194,21 @@ class MuxConnector(KVConnectorBase_V1):
     # -- scheduler side -----------------------------------------------------------
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
-        """Bind the cache manager to every child."""
-        super().bind_kv_cache_manager(kv_cache_manager)
+        """Bind the cache manager to every child (each binds the block pool itself, once)."""
+        self._kv_cache_manager = kv_cache_manager
         self._each("bind_kv_cache_manager", lambda c: c.bind_kv_cache_manager(kv_cache_manager))
 
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
         """Bind the engine's block pool to every child."""
-        super().bind_gpu_block_pool(gpu_block_pool)
         self._each("bind_gpu_block_pool", lambda c: c.bind_gpu_block_pool(gpu_block_pool))
 
     def on_new_request(self, request: Request) -> None:
         """Tell every child about a new request."""
         self._each("on_new_request", lambda c: c.on_new_request(request))
+
+    def may_load_async(self, request: Request) -> bool:
+        """(vLLM 0.34+) True if any child may load the request asynchronously."""
+        return any(self._each("may_load_async", lambda c: bool(c.may_load_async(request)), False))
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -182,11 +217,15 @@ class MuxConnector(KVConnectorBase_V1):
         return self._scheduler.lookup(request, num_computed_tokens)
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
-        """The first contributor's groups."""
+        """The groups every contributor restores (a group only some restore is not whole)."""
         plan = self._scheduler.contributions(request.request_id)
         if not plan:
             return super().get_loaded_kv_cache_group_ids(request)
-        return self._children[plan[0].child].get_loaded_kv_cache_group_ids(request)
+        groups: set[int] | None = None
+        for contribution in plan:
+            ids = self._children[contribution.child].get_loaded_kv_cache_group_ids(request)
+            groups = set(ids) if groups is None else groups & set(ids)
+        return tuple(sorted(groups or ()))
 
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
@@ -342,6 +381,14 @@ class MuxConnector(KVConnectorBase_V1):
         """Give every child the KV caches."""
         self._each("register_kv_caches", lambda c: c.register_kv_caches(kv_caches))
 
+    def unregister_kv_caches(self) -> None:
+        """(vLLM 0.33+) Every child lets go of the KV caches (sleep, weight updates)."""
+        self._each("unregister_kv_caches", lambda c: c.unregister_kv_caches())
+
+    def restore_kv_caches(self) -> None:
+        """(vLLM 0.33+) Every child takes the KV caches back after a wake-up."""
+        self._each("restore_kv_caches", lambda c: c.restore_kv_caches())
+
     def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
         """Every child gets the copy ops."""
         self._each("set_host_xfer_buffer_ops", lambda c: c.set_host_xfer_buffer_ops(copy_operation))
@@ -482,4 +529,21 @@ class MuxConnector(KVConnectorBase_V1):
         return next(
             (ctx for ctx in (c.get_mem_pool_context() for c in self._children) if ctx is not None),
             None,
+        )
+
+
+def _refuse_hybrid_without_hma(
+    children: list[tuple[str, type[Any], Any]], kv_cache_config: Any
+) -> None:
+    """A model with several KV cache groups needs every child to handle them (SupportsHMA)."""
+    groups = len(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    if groups <= 1:
+        return
+    unable = [label for label, cls, _ in children if not supports_hma(cls)]
+    if unable:
+        raise ConfigError(
+            "connectors",
+            f"this model has {groups} KV cache groups (hybrid attention), which "
+            f"{', '.join(unable)} cannot handle: start vLLM with "
+            "--disable-hybrid-kv-cache-manager, or use only children that support HMA",
         )
