@@ -1,0 +1,166 @@
+"""kvmux under ``vllm serve``, as users run it: HTTP, the ``openai`` client, concurrency,
+chat templates, a restart.
+
+Three servers start, one after the other, on a tiny random-weight float32 Llama with a
+tokenizer trained offline: one without connector (the reference), one with a MuxConnector
+over a memory tier and a disk tier, and the same again after a restart (its memory tier
+empty, its disk tier full). Every output equals the reference's, log-probabilities
+within 1e-3, and the hits show in ``usage.prompt_tokens_details.cached_tokens``.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from kvmux.tools.models import build_random_llama
+from kvmux.tools.tokenizer import build_tokenizer
+from tests.support.vllm_server import vllm_server
+
+pytestmark = pytest.mark.vllm
+openai = pytest.importorskip("openai")
+
+BLOCK = 128
+CONCURRENT = 16
+LOGPROB_TOLERANCE = 1e-3
+WORDS = [
+    "def",
+    "return",
+    "class",
+    "import",
+    "while",
+    "for",
+    "yield",
+    "lambda",
+    "with",
+    "assert",
+    "value",
+    "request",
+    "block",
+]
+
+
+def text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) + str(rng.randrange(100)) for _ in range(words))
+
+
+SHARED = text(1, 600)  # the prefix every concurrent prompt shares
+LONG = text(2, 700)
+SYSTEM = text(3, 500)
+
+
+def _completion(client: Any, model: str, prompt: str) -> dict[str, Any]:
+    reply = client.completions.create(
+        model=model, prompt=prompt, max_tokens=8, temperature=0, logprobs=1
+    )
+    choice = reply.choices[0]
+    return {
+        "text": choice.text,
+        "logprobs": list(choice.logprobs.token_logprobs),
+        "prompt_tokens": reply.usage.prompt_tokens,
+        "cached": reply.usage.prompt_tokens_details.cached_tokens or 0,
+    }
+
+
+def _chat(client: Any, model: str) -> dict[str, Any]:
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "and then?"},
+        ],
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+    )
+    choice = reply.choices[0]
+    return {
+        "text": choice.message.content,
+        "logprobs": [t.logprob for t in choice.logprobs.content],
+        "prompt_tokens": reply.usage.prompt_tokens,
+        "cached": reply.usage.prompt_tokens_details.cached_tokens or 0,
+    }
+
+
+def workload(url: str, model: str) -> dict[str, Any]:
+    """A long completion, a chat, then 16 concurrent completions sharing a prefix."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+    prompts = [f"{SHARED} {text(100 + i, 40)}" for i in range(CONCURRENT)]
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        concurrent = list(pool.map(lambda p: _completion(client, model, p), prompts))
+    return {
+        "completion": _completion(client, model, LONG),
+        "chat": _chat(client, model),
+        "concurrent": concurrent,
+    }
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The workload's results on each server, in order."""
+    work = tmp_path_factory.mktemp("serve")
+    model = build_tokenizer(build_random_llama(work / "model"), vocab_size=1024)
+    tiers = [
+        {"type": "memory", "capacity": "256MiB", "name": "memory"},
+        {"type": "disk", "path": str(work / "disk"), "capacity": "1GiB", "name": "disk"},
+    ]
+    kv = {
+        "kv_connector": "MuxConnector",
+        "kv_connector_module_path": "kvmux.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"tiers": tiers},
+    }
+    log = work / "servers.log"
+    runs: dict[str, Any] = {}
+    with vllm_server(model, log) as url:
+        runs["reference"] = workload(url, str(model))
+    with vllm_server(model, log, kv) as url:
+        runs["cold"] = workload(url, str(model))
+        runs["warm"] = workload(url, str(model))
+    with vllm_server(model, log, kv) as url:
+        runs["restarted"] = workload(url, str(model))
+    return runs
+
+
+def same_output(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert got["text"] == want["text"]
+    assert got["prompt_tokens"] == want["prompt_tokens"]
+    worst = max(abs(a - b) for a, b in zip(got["logprobs"], want["logprobs"], strict=True))
+    assert worst < LOGPROB_TOLERANCE
+
+
+def full_blocks_below_last(result: dict[str, Any]) -> int:
+    return (result["prompt_tokens"] - 1) // BLOCK * BLOCK
+
+
+@pytest.mark.parametrize("run", ["cold", "warm", "restarted"])
+def test_outputs_equal_a_server_without_connector(served: dict[str, Any], run: str) -> None:
+    reference = served["reference"]
+    for kind in ("completion", "chat"):
+        same_output(served[run][kind], reference[kind])
+    for got, want in zip(served[run]["concurrent"], reference["concurrent"], strict=True):
+        same_output(got, want)
+
+
+def test_nothing_is_cached_without_a_connector_or_on_a_cold_server(served: dict[str, Any]) -> None:
+    for run in ("reference", "cold"):
+        assert served[run]["completion"]["cached"] == 0
+        assert served[run]["chat"]["cached"] == 0
+
+
+def test_warm_hits_show_in_cached_tokens(served: dict[str, Any]) -> None:
+    warm = served["warm"]
+    for kind in ("completion", "chat"):
+        assert warm[kind]["cached"] == full_blocks_below_last(warm[kind]) > 0
+    for result in warm["concurrent"]:
+        assert result["cached"] == full_blocks_below_last(result) > 0
+
+
+def test_a_restarted_server_loads_from_disk(served: dict[str, Any]) -> None:
+    restarted = served["restarted"]
+    for kind in ("completion", "chat"):
+        assert restarted[kind]["cached"] == full_blocks_below_last(restarted[kind]) > 0
