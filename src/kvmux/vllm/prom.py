@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
 
+from kvmux.metrics import GAUGES, TierStats
 from kvmux.vllm.stats import MUX_COUNTERS
 
-__all__ = ["CHILD_LABEL", "MuxPromMetrics", "SharedMetricTypes"]
+__all__ = ["CHILD_LABEL", "TIER_COUNTERS", "MuxPromMetrics", "SharedMetricTypes", "TierPromMetrics"]
+
+TIER_COUNTERS = tuple(
+    f.name for f in fields(TierStats) if not f.name.startswith("_") and f.name not in GAUGES
+)
 
 CHILD_LABEL = "child"  # the Prometheus label naming a MuxConnector child ("0:memory")
 
@@ -98,3 +104,40 @@ class MuxPromMetrics(KVConnectorPromMetrics):
             if counters.get(name):
                 series.inc(counters[name])
         self._breaker.labels(*labels).set(counters.get("breaker_open", 0))
+
+
+class TierPromMetrics(KVConnectorPromMetrics):
+    """``kvmux_tier_<counter>_total{tier="disk"}`` for every counter of a tier.
+
+    Every series exists from the start (zeros included), so dashboards show 0, not
+    "no data", before the first hit.
+    """
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: Any,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+        tier: str,
+    ):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        counter_cls: Any = self._counter_cls
+        names = [*labelnames, "tier"]
+        self._series: dict[int, dict[str, Any]] = {i: {} for i in per_engine_labelvalues}
+        for name in TIER_COUNTERS:
+            metric = counter_cls(
+                name=f"kvmux_tier_{name}_total",
+                documentation=f"kvmux tier {name.replace('_', ' ')}",
+                labelnames=names,
+            )
+            for engine_idx, values in per_engine_labelvalues.items():
+                labels = [*(str(v) for v in values), tier]
+                self._series[engine_idx][name] = metric.labels(*labels)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        """Add one interval's counters (a StoreConnectorStats payload)."""
+        series = self._series.get(engine_idx, {})
+        for name, value in transfer_stats_data.items():
+            if name in series and isinstance(value, int | float) and value > 0:
+                series[name].inc(value)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from vllm.config import KVTransferConfig
 
 from kvmux.vllm import MuxConnector
-from kvmux.vllm.prom import MuxPromMetrics
+from kvmux.vllm.prom import TIER_COUNTERS, MuxPromMetrics, TierPromMetrics
 from tests.unit.vllm import scripted
 
 LABELS = ["model_name", "engine"]
@@ -74,3 +74,22 @@ def test_each_childs_own_metrics_carry_its_label_even_for_two_of_one_class() -> 
     text = generate_latest(registry).decode()
     assert 'scripted_hits_total{child="0:ScriptedConnector",engine="0",model_name="m"} 2.0' in text
     assert 'scripted_hits_total{child="1:ScriptedConnector",engine="0",model_name="m"} 5.0' in text
+
+
+def test_a_tiers_counters_exist_from_the_start_and_count() -> None:
+    registry = CollectorRegistry()
+    prom = TierPromMetrics(
+        SimpleNamespace(kv_transfer_config=None),
+        metric_types(registry),
+        LABELS,
+        {0: ["m", "0"]},
+        "disk",
+    )
+    text = generate_latest(registry).decode()
+    for name in TIER_COUNTERS:
+        assert f'kvmux_tier_{name}_total{{engine="0",model_name="m",tier="disk"}} 0.0' in text
+    prom.observe({"hit_tokens": 256, "load_errors": 1, "stored_bytes": 9}, 0)
+    text = generate_latest(registry).decode()
+    assert 'kvmux_tier_hit_tokens_total{engine="0",model_name="m",tier="disk"} 256.0' in text
+    assert 'kvmux_tier_load_errors_total{engine="0",model_name="m",tier="disk"} 1.0' in text
+    assert "stored_bytes" not in text  # a level, not a counter
