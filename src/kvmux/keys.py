@@ -13,6 +13,10 @@ Scheme (version ``kvmux-keys-v2``, hash BLAKE3, 16-byte digests):
   hashes (LoRA name and path, multimodal item hashes and offsets, ``cache_salt``,
   prompt-embedding hashes), in a canonical encoding (``encode_extra_keys``); empty for a
   plain text block. The first two parts have a fixed size, so the message is unambiguous.
+* ``group_key(key, g) = key`` for KV cache group 0 and ``blake3(key | "group" |
+  uint16le(g))[:16]`` for a group ``g > 0`` of a hybrid model (e.g. its sliding-window
+  layers): each group's layers of a block are one entry. A model with one group keeps
+  the block key itself; the namespace of a model with several groups names every group.
 * ``store_key(key, rank) = blake3(key | uint16le(rank))[:16]``: each tensor-parallel rank
   holds its own shard of every block.
 
@@ -39,6 +43,7 @@ __all__ = [
     "block_keys",
     "encode_extra_keys",
     "generation_namespace",
+    "group_key",
     "namespace_id",
     "store_key",
 ]
@@ -106,6 +111,13 @@ def block_keys(
         parent = digest.digest(DIGEST_SIZE)
         keys.append(BlockKey(parent))
     return keys
+
+
+def group_key(key: BlockKey, group: int) -> BlockKey:
+    """The key of KV cache group ``group``'s share of a block (group 0: the block key)."""
+    if group == 0:
+        return key
+    return BlockKey(blake3(key + b"group" + struct.pack("<H", group)).digest(DIGEST_SIZE))
 
 
 def store_key(key: BlockKey, rank: int) -> StoreKey:

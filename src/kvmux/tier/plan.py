@@ -13,8 +13,9 @@ __all__ = ["BlockTransfer", "TierStepPlan"]
 class BlockTransfer:
     """One block moving between the engine's KV cache and a store."""
 
-    key: BlockKey  # rank-independent block key; each worker derives its store key
+    key: BlockKey  # rank-independent key of the group's share; each worker derives its store key
     block_id: int  # index of the block in the engine's KV cache
+    group: int = 0  # KV cache group whose layers the block holds
 
 
 @dataclass
@@ -22,8 +23,10 @@ class TierStepPlan:
     """Loads to run before the forward pass, saves and evictions after it.
 
     ``tables`` holds, for every request with saves this step, its block ids up to its last
-    planned save: a block is only worth saving if no block before it in its request
-    failed to load this step (the forward pass computed it over that block).
+    planned save, position by position (with several KV cache groups, every group's block
+    of a position before the next position's): a block is only worth saving if no block
+    before it in its request failed to load this step (the forward pass computed it over
+    that block).
     """
 
     loads: list[BlockTransfer] = field(default_factory=list)

@@ -1,16 +1,26 @@
-"""Scheduler-side bookkeeping of one tier: lookups, load and save plans. No tensors."""
+"""Scheduler-side bookkeeping of one tier: lookups, load and save plans. No tensors.
+
+A model may have several KV cache groups (a hybrid model: full-attention layers in one
+group, sliding-window layers in another). Each group's share of a block is its own
+entry (``kvmux.keys.group_key``). A full-attention group needs every block below a hit;
+a sliding-window group only the blocks inside the window of the hit's next token, and
+the engine hands the null block for its positions outside the window: those are never
+loaded nor saved.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvmux.keys import BlockKey, block_keys, generation_namespace
+from kvmux.keys import BlockKey, block_keys, generation_namespace, group_key
 from kvmux.metrics import TierStats
 from kvmux.tier.index import TierView
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 
-__all__ = ["ScheduledRequest", "TierScheduler"]
+__all__ = ["NULL_BLOCK", "ScheduledRequest", "TierScheduler"]
+
+NULL_BLOCK = 0  # the engine's placeholder for a sliding-window position outside the window
 
 
 @dataclass(frozen=True)
@@ -20,12 +30,12 @@ class ScheduledRequest:
     req_id: str
     num_computed_tokens: int  # tokens already in the KV cache before this step
     num_scheduled_tokens: int  # tokens computed by this step
-    block_ids: Sequence[int]  # the request's blocks, in token order
+    block_ids: Sequence[Sequence[int]]  # per KV cache group, the request's blocks in token order
 
 
 @dataclass
 class _RequestState:
-    keys: list[BlockKey]  # one per full prompt block
+    keys: list[list[BlockKey]]  # per group, one key per full prompt block
     max_hit_blocks: int  # blocks a hit may cover: never the prompt's last token
     saved_upto: int = 0  # blocks below this index are saved or known present
     lookup: tuple[int, int] | None = None  # (num_computed_tokens, hit blocks) of the last lookup
@@ -35,11 +45,19 @@ class _RequestState:
 class TierScheduler:
     """Decides, per request, what to load from and save to one tier."""
 
-    def __init__(self, view: TierView, block_size: int, namespace: bytes, stats: TierStats):
+    def __init__(
+        self,
+        view: TierView,
+        block_size: int,
+        namespace: bytes,
+        stats: TierStats,
+        windows: Sequence[int | None] = (None,),
+    ):
         self._view = view
         self._block_size = block_size
         self._namespace = namespace
         self._stats = stats
+        self._windows = tuple(windows)  # per group: None (full attention) or window tokens
         self._requests: dict[str, _RequestState] = {}
         self._pending_loads: list[BlockTransfer] = []
 
@@ -54,8 +72,9 @@ class TierScheduler:
                 return None
             namespace = generation_namespace(self._namespace, generation)
             keys = block_keys(namespace, prompt, self._block_size, extras)
+            groups = [[group_key(k, g) for k in keys] for g in range(len(self._windows))]
             limit = max(0, (len(prompt) - 1) // self._block_size)
-            state = _RequestState(keys=keys, max_hit_blocks=limit)
+            state = _RequestState(keys=groups, max_hit_blocks=limit)
             self._requests[req_id] = state
         return state
 
@@ -79,15 +98,59 @@ class TierScheduler:
         if state is None:
             return 0
         start = num_computed // self._block_size
-        candidates = state.keys[start : state.max_hit_blocks]
-        hits = self._view.count_prefix_nowait(candidates) if candidates else 0
-        if hits is None:
+        end = self._full_end(state, start)
+        if end is not None and end > start:
+            end = self._window_end(state, start, end)
+        if end is None:
             return None
-        state.lookup = (num_computed, hits)
-        return hits * self._block_size
+        state.lookup = (num_computed, end - start)
+        return (end - start) * self._block_size
 
-    def on_alloc(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
-        """Plan the load of the blocks the last lookup promised."""
+    def _full_end(self, state: _RequestState, start: int) -> int | None:
+        """The end of the run from ``start`` that every full-attention group holds."""
+        end = max(start, state.max_hit_blocks)
+        for group, window in enumerate(self._windows):
+            candidates = state.keys[group][start:end] if window is None else []
+            if candidates:
+                held = self._view.count_prefix_nowait(candidates)
+                if held is None:
+                    return None
+                end = start + held
+        return end
+
+    def _window_start(self, group: int, end: int) -> int:
+        """The first block group ``group`` keeps when the next token is at block ``end``."""
+        window = self._windows[group]
+        if window is None:
+            return 0
+        return max(0, end * self._block_size - window + 1) // self._block_size
+
+    def _window_end(self, state: _RequestState, start: int, end: int) -> int | None:
+        """The largest hit end, at most ``end``, whose windows every sliding group holds.
+
+        Each window is asked for from its last block back; a missing block rules out
+        every hit whose window holds it, so the next candidate ends just before it.
+        """
+        group = 0
+        while group < len(self._windows) and end > start:
+            if self._windows[group] is None:
+                group += 1
+                continue
+            first = max(start, self._window_start(group, end))
+            wanted = state.keys[group][first:end][::-1]
+            held = self._view.count_prefix_nowait(wanted)
+            if held is None:
+                return None
+            if held == len(wanted):
+                group += 1
+            else:  # block end - 1 - held is missing: try again below it, from the first group
+                end, group = end - 1 - held, 0
+        return max(start, end)
+
+    def on_alloc(
+        self, req_id: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int
+    ) -> None:
+        """Plan the load of the blocks the last lookup promised (``block_ids``: per group)."""
         state = self._requests.get(req_id)
         if state is None or state.lookup is None:
             return
@@ -99,8 +162,21 @@ class TierScheduler:
         start = num_computed // self._block_size
         count = num_external_tokens // self._block_size
         for index in range(start, start + count):
-            self._pending_loads.append(BlockTransfer(state.keys[index], block_ids[index]))
+            for group, table in enumerate(block_ids):
+                block = self._block_at(group, table, index)
+                if block is not None:
+                    self._pending_loads.append(
+                        BlockTransfer(state.keys[group][index], block, group)
+                    )
         state.load = range(start, start + count)
+
+    def _block_at(self, group: int, table: Sequence[int], index: int) -> int | None:
+        """Group ``group``'s block at position ``index``; None outside a sliding window."""
+        if index >= len(table):
+            return None
+        block = table[index]
+        windowed = self._windows[group] is not None
+        return None if windowed and block == NULL_BLOCK else block
 
     def build(self, scheduled: Iterable[ScheduledRequest]) -> TierStepPlan:
         """The step's plan: pending loads, plus saves of every newly full prompt block."""
@@ -113,7 +189,7 @@ class TierScheduler:
             saves = self._plan_saves(state, request)
             if saves:
                 plan.saves.extend(saves)
-                plan.tables[request.req_id] = list(request.block_ids[: state.saved_upto])
+                plan.tables[request.req_id] = self._table(request.block_ids, state.saved_upto)
         plan.saves = list({t.key: t for t in plan.saves}.values())
         plan.evictions = self._view.record_saved(t.key for t in plan.saves)
         if plan.evictions:  # more new blocks than the tier holds: skip what it would drop
@@ -121,20 +197,34 @@ class TierScheduler:
             plan.saves = [t for t in plan.saves if t.key not in dropped]
         return plan
 
+    def _table(self, block_ids: Sequence[Sequence[int]], upto: int) -> list[int]:
+        """The request's real blocks below ``upto``, position by position."""
+        table = []
+        for index in range(upto):
+            for group, ids in enumerate(block_ids):
+                block = self._block_at(group, ids, index)
+                if block is not None:
+                    table.append(block)
+        return table
+
     def _plan_saves(self, state: _RequestState, request: ScheduledRequest) -> list[BlockTransfer]:
         # The engine went back (a failed load is recomputed, or the request was
         # preempted): blocks past its computed tokens are computed again, and saved then.
         state.saved_upto = min(state.saved_upto, request.num_computed_tokens // self._block_size)
         done = request.num_computed_tokens + request.num_scheduled_tokens
-        full = min(done // self._block_size, len(state.keys), len(request.block_ids))
+        allocated = min((len(ids) for ids in request.block_ids), default=0)
+        full = min(done // self._block_size, len(state.keys[0]), allocated)
         loaded = state.load or range(0)
         state.load = None
         saves = []
         for index in range(state.saved_upto, full):
-            key = state.keys[index]
-            if index in loaded or (self._view.cheap_contains and self._view.contains(key)):
+            if index in loaded:
                 continue
-            saves.append(BlockTransfer(key, request.block_ids[index]))
+            for group, ids in enumerate(request.block_ids):
+                key, block = state.keys[group][index], self._block_at(group, ids, index)
+                if block is None or (self._view.cheap_contains and self._view.contains(key)):
+                    continue
+                saves.append(BlockTransfer(key, block, group))
         state.saved_upto = max(state.saved_upto, full)
         return saves
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -29,6 +30,25 @@ T = TypeVar("T")
 _READERS = 4
 
 
+@dataclass(frozen=True)
+class _Copied:
+    """One block copied out: its group's layer specs, the group's host copies, its row."""
+
+    specs: tuple[LayerSpec, ...]
+    copies: list[torch.Tensor]
+    row: int
+
+    def parts(self) -> list[memoryview]:
+        """Raw bytes of the block's layers, without copying."""
+        return BlockMover.block_parts(self.copies, self.row)
+
+
+def _only(kv_caches: dict[str, torch.Tensor], names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The layers named in ``names``, in the order of ``kv_caches``."""
+    wanted = set(names)
+    return {name: tensor for name, tensor in kv_caches.items() if name in wanted}
+
+
 class TierWorker:
     """Moves blocks between one store and the engine's KV cache for one rank."""
 
@@ -46,14 +66,14 @@ class TierWorker:
         self._namespace = namespace
         self._rank = rank
         self._stats = stats
-        self._mover: BlockMover | None = None
+        self._movers: list[BlockMover] = []  # one per KV cache group
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"kvmux-{store.name}-save")
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"kvmux-{store.name}-load")
         self._pending: dict[bytes, Future[None]] = {}
         self._pending_lock = threading.Lock()
         self._save_queue = save_queue  # bound of host bytes copied out and not yet written
         self._queued_bytes = 0  # guarded by _pending_lock
-        self._block_bytes = 0  # host bytes of one block over all layers
+        self._group_bytes: list[int] = []  # host bytes of one block of each group's layers
         self._load_errors: set[int] = set()
         self._failed_this_step: set[int] = set()  # blocks whose load failed, until the save
         self._missing: set[BlockKey] = set()
@@ -64,10 +84,20 @@ class TierWorker:
         """The store this worker reads and writes."""
         return self._store
 
-    def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int | None) -> None:
-        """Adopt the engine's KV cache tensors."""
-        self._mover = BlockMover(kv_caches, num_blocks)
-        self._block_bytes = sum(spec.nbytes for spec in self._mover.layer_specs)
+    def register(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        num_blocks: int | None,
+        groups: Sequence[Sequence[str]] | None = None,
+    ) -> None:
+        """Adopt the engine's KV cache tensors; ``groups``: each KV cache group's layers.
+
+        Without ``groups`` every layer is in one group. A group's entry holds its layers
+        in the order of ``kv_caches``.
+        """
+        layers_of = [kv_caches] if groups is None else [_only(kv_caches, g) for g in groups]
+        self._movers = [BlockMover(layers, num_blocks) for layers in layers_of]
+        self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
 
     def _skey(self, key: BlockKey) -> bytes:
         return store_key(key, self._rank)
@@ -82,7 +112,7 @@ class TierWorker:
     def load(self, loads: Sequence[BlockTransfer]) -> None:
         """Copy every planned block into the KV cache before the forward pass."""
         self._failed_this_step = set()  # a new step: what failed before is settled
-        if not loads or self._mover is None:
+        if not loads or not self._movers:
             return
         started = time.perf_counter()
         keys = [self._skey(t.key) for t in loads]
@@ -130,10 +160,10 @@ class TierWorker:
             return default
 
     def _install(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> bool:
-        assert self._mover is not None
+        assert transfer.group < len(self._movers), "a transfer of a group this worker lacks"
         try:
             entry = codec.decode(data, self._namespace, skey, self._signing)
-            self._mover.copy_in(transfer.block_id, entry)
+            self._movers[transfer.group].copy_in(transfer.block_id, entry)
         except UnverifiedEntry as exc:  # not deleted: it may be another key holder's
             self._stats.add(unverified_entries=1)
             self._warn_once(
@@ -196,9 +226,14 @@ class TierWorker:
         forward pass wait: past the bound, saves are simply not made.
         """
         with self._pending_lock:
-            room = (self._save_queue - self._queued_bytes) // max(1, self._block_bytes)
-            admitted, dropped = saves[: max(0, room)], saves[max(0, room) :]
-            self._queued_bytes += len(admitted) * self._block_bytes
+            room, count = self._save_queue - self._queued_bytes, 0
+            for transfer in saves:
+                room -= max(1, self._bytes_of(transfer))
+                if room < 0:
+                    break
+                count += 1
+            admitted, dropped = saves[:count], saves[count:]
+            self._queued_bytes += sum(map(self._bytes_of, admitted))
             queued = self._queued_bytes
         self._stats.observe_save_queue(queued)
         if dropped:
@@ -212,21 +247,38 @@ class TierWorker:
             )
         return admitted
 
+    def _bytes_of(self, transfer: BlockTransfer) -> int:
+        return self._group_bytes[transfer.group]
+
+    def _copy_out(self, saves: Sequence[BlockTransfer]) -> list[_Copied]:
+        """Host copies of the planned blocks, one batch per KV cache group."""
+        rows_of: dict[int, list[int]] = {}
+        for index, transfer in enumerate(saves):
+            rows_of.setdefault(transfer.group, []).append(index)
+        copied: dict[int, _Copied] = {}
+        for group, indices in rows_of.items():
+            mover = self._movers[group]
+            copies = mover.copy_out([saves[i].block_id for i in indices])
+            for row, index in enumerate(indices):
+                copied[index] = _Copied(mover.layer_specs, copies, row)
+        return [copied[index] for index in range(len(saves))]
+
     def save(self, plan: TierStepPlan) -> None:
         """Copy the planned blocks out now; encode and write them off the critical path."""
         saves = self._untainted(plan)
-        if self._mover is None or not (saves or plan.evictions):
+        if not self._movers or not (saves or plan.evictions):
             return
         saves = self._admit(saves)
-        copies = self._mover.copy_out([t.block_id for t in saves]) if saves else []
+        copied = self._copy_out(saves)
         keys = [self._skey(t.key) for t in saves]
         evictions = [self._skey(k) for k in plan.evictions]
         blocks = [t.key for t in saves]
-        future = self._writer.submit(self._write, blocks, keys, copies, evictions)
+        future = self._writer.submit(self._write, blocks, keys, copied, evictions)
         with self._pending_lock:
             for skey in keys:
                 self._pending[skey] = future
-        future.add_done_callback(partial(self._settle, blocks, keys, len(keys) * self._block_bytes))
+        queued = sum(map(self._bytes_of, saves))
+        future.add_done_callback(partial(self._settle, blocks, keys, queued))
 
     def _settle(
         self, blocks: list[BlockKey], keys: list[bytes], queued: int, future: Future[None]
@@ -248,18 +300,16 @@ class TierWorker:
         self,
         blocks: list[BlockKey],
         keys: list[bytes],
-        copies: list[torch.Tensor],
+        copied: list[_Copied],
         evictions: list[bytes],
     ) -> None:
-        assert self._mover is not None
         for skey in evictions:
             self._drop(skey)
         started = time.perf_counter()
         held = self._guarded("lookup", self._store.contains_many, keys, [False] * len(keys))
-        specs = self._mover.layer_specs
         rows = [row for row in range(len(keys)) if not held[row]]
         items = [
-            (keys[row], self._encode(keys[row], specs, BlockMover.block_parts(copies, row)))
+            (keys[row], self._encode(keys[row], copied[row].specs, copied[row].parts()))
             for row in rows
         ]
         stored = self._guarded("put", self._store.put_many, items, [False] * len(items))

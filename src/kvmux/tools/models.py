@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["MODEL_SIZES", "ModelSize", "build_random_llama"]
+__all__ = ["MODEL_SIZES", "ModelSize", "build_random_hybrid", "build_random_llama"]
 
 
 @dataclass(frozen=True)
@@ -33,16 +34,32 @@ def build_random_llama(
     path: Path, size: str = "tiny", dtype: str = "float32", seed: int = 0
 ) -> Path:
     """Build (once) a random-weight Llama at ``path``; returns the model directory."""
+    return _build(path, size, dtype, seed, {})
+
+
+def build_random_hybrid(
+    path: Path, size: str = "tiny", dtype: str = "float32", seed: int = 0, window: int = 256
+) -> Path:
+    """Build (once) a random-weight Llama whose layers alternate sliding-window and full
+    attention (``window`` tokens); vLLM's hybrid KV cache manager gives it two groups."""
+    layers = MODEL_SIZES[size].num_hidden_layers
+    kinds = ["sliding_attention", "full_attention"] * (layers // 2) + ["full_attention"] * (
+        layers % 2
+    )
+    return _build(path, size, dtype, seed, {"layer_types": kinds, "sliding_window": window})
+
+
+def _build(path: Path, size: str, dtype: str, seed: int, extra: dict[str, Any]) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     shape = MODEL_SIZES[size]
     stamp = path / "kvmux-model.json"
-    wanted = {"size": size, "dtype": dtype, "seed": seed, **asdict(shape)}
+    wanted = {"size": size, "dtype": dtype, "seed": seed, **asdict(shape), **extra}
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         return path
     torch.manual_seed(seed)
-    config = LlamaConfig(**asdict(shape), tie_word_embeddings=False)
+    config = LlamaConfig(**asdict(shape), tie_word_embeddings=False, **extra)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))  # type: ignore[no-untyped-call]
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)

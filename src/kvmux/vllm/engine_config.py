@@ -21,29 +21,75 @@ __all__ = [
     "block_size_of",
     "checkpoint_identity",
     "engine_namespace",
+    "group_windows",
     "payload_bytes_per_block",
     "prefer_recompute",
 ]
 
 
-def _single_group(kv_cache_config: KVCacheConfig) -> Any:
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ConfigError(
-            "model", f"kvmux supports models with one KV cache group, this one has {len(groups)}"
-        )
-    return groups[0]
+_SUPPORTED_KINDS = "full attention, sliding-window attention"
+
+
+def _layer_window(spec: Any) -> int | str | None:
+    """None for full attention, a sliding window's tokens, or the name of a kind kvmux refuses."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    if type(spec) in (FullAttentionSpec, MLAAttentionSpec):
+        return None
+    if isinstance(spec, SlidingWindowSpec) and spec.prefix_cacheable:
+        return int(spec.sliding_window) + int(spec.extra_retained_tokens)
+    if isinstance(spec, MambaSpec):
+        return f"Mamba (recurrent state, {type(spec).__name__})"
+    return type(spec).__name__
+
+
+def _layers(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return f"layers {shown}, ..." if len(names) > 3 else f"layers {shown}"
+
+
+def group_windows(kv_cache_config: KVCacheConfig) -> list[int | None]:
+    """Per KV cache group: None (full attention) or its sliding window in tokens.
+
+    Raises ConfigError, naming the group's kind, for a group kvmux cannot store.
+    """
+    from vllm.v1.kv_cache_interface import iter_layer_specs
+
+    windows: list[int | None] = []
+    for index, group in enumerate(kv_cache_config.kv_cache_groups):
+        found = {_layer_window(spec) for spec in iter_layer_specs(group.kv_cache_spec)}
+        kind = found.pop() if len(found) == 1 else f"mixed layers {sorted(map(str, found))}"
+        if isinstance(kind, str):
+            where = f"KV cache group {index} ({_layers(group.layer_names)})"
+            raise ConfigError(
+                "model", f"{where} is {kind}: kvmux cannot store this kind", _SUPPORTED_KINDS
+            )
+        windows.append(kind)
+    return windows
 
 
 def block_size_of(kv_cache_config: KVCacheConfig) -> int:
-    """Tokens per block of the engine's KV cache."""
-    return int(_single_group(kv_cache_config).kv_cache_spec.block_size)
+    """Tokens per block of the engine's KV cache (the same in every group)."""
+    sizes = {int(g.kv_cache_spec.block_size) for g in kv_cache_config.kv_cache_groups}
+    if len(sizes) != 1:
+        raise ConfigError(
+            "model", f"kvmux needs one block size in every KV cache group, this model has {sizes}"
+        )
+    return sizes.pop()
+
+
+def _group_payload(group: Any) -> int:
+    return int(group.kv_cache_spec.page_size_bytes) * len(group.layer_names)
 
 
 def payload_bytes_per_block(kv_cache_config: KVCacheConfig) -> int:
-    """Bytes one block occupies over all layers of one rank."""
-    group = _single_group(kv_cache_config)
-    return int(group.kv_cache_spec.page_size_bytes) * len(group.layer_names)
+    """Bytes of the largest entry: one block of one group's layers, of one rank."""
+    return max(_group_payload(g) for g in kv_cache_config.kv_cache_groups)
 
 
 def _hf_config_digest(vllm_config: VllmConfig) -> str:
@@ -81,10 +127,11 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
 
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
-    group = _single_group(kv_cache_config)
+    groups = kv_cache_config.kv_cache_groups
+    group = groups[0]
     spec = group.kv_cache_spec
     device = str(current_platform.device_type)
-    return {
+    namespace: dict[str, Any] = {
         "model": str(model.model),
         "revision": str(model.revision),
         "checkpoint": checkpoint_identity(str(model.model), model.revision),
@@ -104,6 +151,24 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
         "device": device,
         "cpu_isa": torch.backends.cpu.get_cpu_capability() if device == "cpu" else "",
         "kv_cache_layout": str(getattr(vllm_config, "kv_cache_layout", "") or ""),
+    }
+    if len(groups) > 1:  # a hybrid model: every group's layers and layout
+        namespace["kv_cache_groups"] = [_describe_group(g) for g in groups]
+    return namespace
+
+
+def _describe_group(group: Any) -> dict[str, Any]:
+    """What of one KV cache group changes the bytes, or the meaning, of its entries."""
+    spec = group.kv_cache_spec
+    return {
+        "kv_spec": type(spec).__name__,
+        "kv_dtype": str(getattr(spec, "dtype", "")),
+        "num_kv_heads": int(getattr(spec, "num_kv_heads", 0)),
+        "head_size": int(getattr(spec, "head_size", 0)),
+        "page_size_bytes": int(spec.page_size_bytes),
+        "block_size": int(spec.block_size),
+        "sliding_window": int(getattr(spec, "sliding_window", 0) or 0),
+        "layers": list(group.layer_names),
     }
 
 

@@ -11,6 +11,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -33,6 +34,7 @@ from kvmux.tier.worker import TierWorker
 from kvmux.vllm.engine_config import (
     block_size_of,
     engine_namespace,
+    group_windows,
     payload_bytes_per_block,
     prefer_recompute,
 )
@@ -66,8 +68,12 @@ def _worker_rank() -> int:
     return int(get_pp_group().rank_in_group) * int(tp.world_size) + int(tp.rank_in_group)
 
 
-class StoreConnector(KVConnectorBase_V1):
-    """Loads prompt prefixes from, and saves every full prompt block to, one tier."""
+class StoreConnector(KVConnectorBase_V1, SupportsHMA):
+    """Loads prompt prefixes from, and saves every full prompt block to, one tier.
+
+    Hybrid models (several KV cache groups) store each group's share of a block as its
+    own entry; a sliding-window group only the blocks inside its window.
+    """
 
     kvmux_offset_loads = True  # can load a range that starts past the computed tokens
     kvmux_layer_hooks = False  # wait_for_layer_load and save_kv_layer do nothing: skip them
@@ -85,6 +91,7 @@ class StoreConnector(KVConnectorBase_V1):
             self._kv_transfer_config.kv_connector_extra_config
         )
         spec = self.config.store
+        self._windows = group_windows(kv_cache_config)  # refuses groups kvmux cannot store
         self.tier_name = spec.name
         self._cache_hit_source = _HIT_SOURCES.get(type(spec), CacheHitSource.EXTERNAL_UNSPECIFIED)
         self.stats = TierStats()  # this instance's own counters (one half of the tier)
@@ -100,7 +107,7 @@ class StoreConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self._view = self._scheduler_view(kv_cache_config)
             self._scheduler = TierScheduler(
-                self._view, self._block_size, self._namespace, self.stats
+                self._view, self._block_size, self._namespace, self.stats, self._windows
             )
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         else:
@@ -151,7 +158,7 @@ class StoreConnector(KVConnectorBase_V1):
     ) -> None:
         """Plan the load of the promised blocks into the blocks just allocated."""
         assert self._scheduler is not None
-        block_ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
+        block_ids = blocks.get_block_ids() if num_external_tokens > 0 else ()
         self._scheduler.on_alloc(request.request_id, block_ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -174,12 +181,24 @@ class StoreConnector(KVConnectorBase_V1):
         self._scheduler.finish(request.request_id)
         return False, None
 
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """The hybrid manager's finish (every group at once): the blocks may be freed at once."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """A load restores every group's blocks of the hit (each group's window, if any)."""
+        return tuple(range(len(self._windows)))
+
     # -- worker side -------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Adopt the engine's KV cache tensors."""
         assert self._worker is not None
-        self._worker.register(kv_caches, self._kv_cache_config.num_blocks)
+        groups = self._kv_cache_config.kv_cache_groups
+        layers = [list(g.layer_names) for g in groups] if len(groups) > 1 else None
+        self._worker.register(kv_caches, self._kv_cache_config.num_blocks, layers)
 
     def _plan(self) -> TierStepPlan | None:
         if not self.has_connector_metadata():
@@ -274,5 +293,5 @@ def _scheduled(scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:
     for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
         block_ids = state.get_block_ids(req_id) if state is not None else None
         if block_ids and req_id in computed:
-            scheduled.append(ScheduledRequest(req_id, computed[req_id], num_tokens, block_ids[0]))
+            scheduled.append(ScheduledRequest(req_id, computed[req_id], num_tokens, block_ids))
     return scheduled

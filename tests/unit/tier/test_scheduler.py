@@ -47,8 +47,15 @@ def _new_request(
 ) -> int:
     """lookup + on_alloc accepting everything offered; returns the external tokens."""
     hit = scheduler.lookup(req_id, prompt, extras, num_computed)
-    scheduler.on_alloc(req_id, block_ids, hit)
+    scheduler.on_alloc(req_id, (block_ids,), hit)
     return hit
+
+
+def _one_group(
+    req_id: str, num_computed: int, num_scheduled: int, block_ids: Sequence[int]
+) -> ScheduledRequest:
+    """A scheduled request of a model with one KV cache group."""
+    return ScheduledRequest(req_id, num_computed, num_scheduled, (block_ids,))
 
 
 class ForgetfulView(TierView):
@@ -170,8 +177,8 @@ def test_on_alloc_and_build_plan_loads_into_the_right_blocks() -> None:
     block_ids = [10, 11, 12, 13, 14]
     hit = scheduler.lookup("r", prompt, None, BS)  # block 0 is a local prefix-cache hit
     assert hit == 3 * BS
-    scheduler.on_alloc("r", block_ids, hit)
-    plan = scheduler.build([ScheduledRequest("r", BS + hit, 1, block_ids)])
+    scheduler.on_alloc("r", (block_ids,), hit)
+    plan = scheduler.build([_one_group("r", BS + hit, 1, block_ids)])
     assert plan.loads == [
         BlockTransfer(keys[1], 11),
         BlockTransfer(keys[2], 12),
@@ -181,7 +188,7 @@ def test_on_alloc_and_build_plan_loads_into_the_right_blocks() -> None:
     assert stats.lookups == 1
     assert stats.hit_tokens == 3 * BS
     # loads are planned once
-    assert scheduler.build([ScheduledRequest("r", 4 * BS + 1, 1, block_ids)]).loads == []
+    assert scheduler.build([_one_group("r", 4 * BS + 1, 1, block_ids)]).loads == []
 
 
 def test_on_alloc_of_fewer_tokens_than_offered() -> None:
@@ -190,7 +197,7 @@ def test_on_alloc_of_fewer_tokens_than_offered() -> None:
     keys = _keys(prompt)
     view.record_saved(keys)
     assert scheduler.lookup("r", prompt, None, 0) == 4 * BS
-    scheduler.on_alloc("r", [5, 6, 7, 8, 9], BS)
+    scheduler.on_alloc("r", ([5, 6, 7, 8, 9],), BS)
     plan = scheduler.build([])
     assert plan.loads == [BlockTransfer(keys[0], 5)]
     assert stats.hit_tokens == BS
@@ -201,18 +208,18 @@ def test_on_alloc_of_zero_tokens_plans_nothing_but_counts_the_lookup() -> None:
     prompt = _prompt(3 * BS)
     view.record_saved(_keys(prompt))
     scheduler.lookup("r", prompt, None, 0)
-    scheduler.on_alloc("r", [1, 2, 3], 0)
+    scheduler.on_alloc("r", ([1, 2, 3],), 0)
     assert scheduler.build([]) == TierStepPlan()
     assert (stats.lookups, stats.hit_tokens) == (1, 0)
 
 
 def test_on_alloc_without_a_lookup_is_ignored() -> None:
     scheduler, _, stats = _scheduler()
-    scheduler.on_alloc("unknown", [1, 2], 2 * BS)
+    scheduler.on_alloc("unknown", ([1, 2],), 2 * BS)
     prompt = _prompt(3 * BS)
     scheduler.lookup("r", prompt, None, 0)
-    scheduler.on_alloc("r", [1, 2, 3], 0)
-    scheduler.on_alloc("r", [1, 2, 3], 2 * BS)  # the lookup was consumed already
+    scheduler.on_alloc("r", ([1, 2, 3],), 0)
+    scheduler.on_alloc("r", ([1, 2, 3],), 2 * BS)  # the lookup was consumed already
     assert scheduler.build([]).loads == []
     assert stats.lookups == 1
 
@@ -241,7 +248,7 @@ def test_build_saves_newly_full_prompt_blocks() -> None:
     keys = _keys(prompt)
     ids = [4, 5, 6, 7]
     _new_request(scheduler, "r", prompt, ids)
-    plan = scheduler.build([ScheduledRequest("r", 0, len(prompt), ids)])
+    plan = scheduler.build([_one_group("r", 0, len(prompt), ids)])
     assert plan.loads == []
     assert plan.saves == [BlockTransfer(k, b) for k, b in zip(keys, ids[:3], strict=True)]
     assert plan.evictions == []
@@ -258,15 +265,15 @@ def test_chunked_prefill_saves_each_block_once(view_kind: str) -> None:
     ids = [20, 21, 22, 23, 24]
     _new_request(scheduler, "r", prompt, ids[:2])
 
-    step1 = scheduler.build([ScheduledRequest("r", 0, 100, ids[:2])])
+    step1 = scheduler.build([_one_group("r", 0, 100, ids[:2])])
     assert step1.saves == [BlockTransfer(keys[0], 20)]
-    step2 = scheduler.build([ScheduledRequest("r", 100, 100, ids[:4])])
+    step2 = scheduler.build([_one_group("r", 100, 100, ids[:4])])
     assert step2.saves == [BlockTransfer(keys[1], 21), BlockTransfer(keys[2], 22)]
-    step3 = scheduler.build([ScheduledRequest("r", 200, 100, ids[:5])])
+    step3 = scheduler.build([_one_group("r", 200, 100, ids[:5])])
     assert step3.saves == [BlockTransfer(keys[3], 23)]
     # decode steps: the output tokens are never saved
     for done in range(300, 400):
-        assert scheduler.build([ScheduledRequest("r", done, 1, ids)]).saves == []
+        assert scheduler.build([_one_group("r", done, 1, ids)]).saves == []
     if isinstance(view, ForgetfulView):
         assert view.saved == keys
 
@@ -281,8 +288,8 @@ def test_saves_never_include_blocks_just_loaded() -> None:
     ids = [30, 31, 32, 33, 34]
     hit = scheduler.lookup("r", prompt, None, BS)  # block 0 is a local prefix-cache hit
     assert hit == 3 * BS
-    scheduler.on_alloc("r", ids, 2 * BS)  # the engine takes blocks 1 and 2
-    plan = scheduler.build([ScheduledRequest("r", 3 * BS, BS + 1, ids)])
+    scheduler.on_alloc("r", (ids,), 2 * BS)  # the engine takes blocks 1 and 2
+    plan = scheduler.build([_one_group("r", 3 * BS, BS + 1, ids)])
     assert plan.loads == [BlockTransfer(keys[1], 31), BlockTransfer(keys[2], 32)]
     saved = {t.key for t in plan.saves}
     assert keys[1] not in saved
@@ -296,7 +303,7 @@ def test_saves_carry_each_request_table_up_to_its_last_save() -> None:
     _new_request(scheduler, "a", _prompt(3 * BS), [5, 6, 7])
     _new_request(scheduler, "b", _prompt(3 * BS, seed=2), [8, 9, 10])
     plan = scheduler.build(
-        [ScheduledRequest("a", 0, 2 * BS, [5, 6, 7]), ScheduledRequest("b", 0, 1, [8, 9, 10])]
+        [_one_group("a", 0, 2 * BS, [5, 6, 7]), _one_group("b", 0, 1, [8, 9, 10])]
     )
     assert plan.tables == {"a": [5, 6]}  # "b" has no full block yet: nothing to save
 
@@ -309,10 +316,10 @@ def test_a_recomputed_range_is_saved_again() -> None:
     keys = _keys(prompt)
     ids = [10, 11, 12, 13, 14, 15, 16]
     _new_request(scheduler, "r", prompt, ids)
-    first = scheduler.build([ScheduledRequest("r", 0, 5 * BS, ids)])
+    first = scheduler.build([_one_group("r", 0, 5 * BS, ids)])
     assert [t.key for t in first.saves] == keys[:5]
     # the workers failed to load block 2 (say): the engine recomputes from there
-    again = scheduler.build([ScheduledRequest("r", 2 * BS, 4 * BS + 1, ids)])
+    again = scheduler.build([_one_group("r", 2 * BS, 4 * BS + 1, ids)])
     assert [t.key for t in again.saves] == keys[2:6]
     assert again.tables == {"r": ids[:6]}
 
@@ -323,7 +330,7 @@ def test_blocks_the_tier_holds_are_not_saved_again() -> None:
     keys = _keys(prompt)
     view.record_saved([keys[1]])
     _new_request(scheduler, "r", prompt, [0, 1, 2])  # gap at block 0: no hit
-    plan = scheduler.build([ScheduledRequest("r", 0, 3 * BS, [0, 1, 2])])
+    plan = scheduler.build([_one_group("r", 0, 3 * BS, [0, 1, 2])])
     assert plan.saves == [BlockTransfer(keys[0], 0), BlockTransfer(keys[2], 2)]
 
 
@@ -335,8 +342,8 @@ def test_duplicate_keys_across_requests_in_one_step_are_saved_once() -> None:
     _new_request(scheduler, "b", prompt, [3, 4, 5])
     plan = scheduler.build(
         [
-            ScheduledRequest("a", 0, len(prompt), [0, 1, 2]),
-            ScheduledRequest("b", 0, len(prompt), [3, 4, 5]),
+            _one_group("a", 0, len(prompt), [0, 1, 2]),
+            _one_group("b", 0, len(prompt), [3, 4, 5]),
         ]
     )
     assert [t.key for t in plan.saves] == keys
@@ -355,9 +362,7 @@ def test_shared_prefix_across_requests_is_saved_once() -> None:
     first, second = prefix + _prompt(BS, seed=1), prefix + _prompt(BS, seed=2)
     _new_request(scheduler, "a", first, [0, 1])
     _new_request(scheduler, "b", second, [2, 3])
-    plan = scheduler.build(
-        [ScheduledRequest("a", 0, 2 * BS, [0, 1]), ScheduledRequest("b", 0, 2 * BS, [2, 3])]
-    )
+    plan = scheduler.build([_one_group("a", 0, 2 * BS, [0, 1]), _one_group("b", 0, 2 * BS, [2, 3])])
     keys = [t.key for t in plan.saves]
     assert len(keys) == len(set(keys)) == 3
     assert set(keys) == set(_keys(first)) | set(_keys(second))
@@ -365,7 +370,7 @@ def test_shared_prefix_across_requests_is_saved_once() -> None:
 
 def test_requests_without_state_are_ignored_by_build() -> None:
     scheduler, _, _ = _scheduler()
-    plan = scheduler.build([ScheduledRequest("never-looked-up", 0, 4 * BS, [0, 1, 2, 3])])
+    plan = scheduler.build([_one_group("never-looked-up", 0, 4 * BS, [0, 1, 2, 3])])
     assert plan == TierStepPlan()
 
 
@@ -374,7 +379,7 @@ def test_saves_are_bounded_by_the_allocated_blocks() -> None:
     prompt = _prompt(4 * BS)
     keys = _keys(prompt)
     _new_request(scheduler, "r", prompt, [0, 1])
-    plan = scheduler.build([ScheduledRequest("r", 0, 4 * BS, [0, 1])])
+    plan = scheduler.build([_one_group("r", 0, 4 * BS, [0, 1])])
     assert plan.saves == [BlockTransfer(keys[0], 0), BlockTransfer(keys[1], 1)]
 
 
@@ -385,11 +390,11 @@ def test_evictions_are_emitted_when_capacity_is_exceeded() -> None:
     scheduler, view, _ = _scheduler(entries=3)
     first, second = _prompt(3 * BS, seed=1), _prompt(2 * BS, seed=2)
     _new_request(scheduler, "a", first, [0, 1, 2])
-    plan = scheduler.build([ScheduledRequest("a", 0, 3 * BS, [0, 1, 2])])
+    plan = scheduler.build([_one_group("a", 0, 3 * BS, [0, 1, 2])])
     assert len(plan.saves) == 3
     assert plan.evictions == []
     _new_request(scheduler, "b", second, [3, 4])
-    plan = scheduler.build([ScheduledRequest("b", 0, 2 * BS, [3, 4])])
+    plan = scheduler.build([_one_group("b", 0, 2 * BS, [3, 4])])
     assert [t.key for t in plan.saves] == _keys(second)
     assert plan.evictions == _keys(first)[:2]
     assert plan != TierStepPlan()
@@ -402,15 +407,15 @@ def test_looked_up_blocks_are_evicted_last() -> None:
     scheduler, _, _ = _scheduler(entries=3)
     first = _prompt(2 * BS, seed=1)
     _new_request(scheduler, "a", first, [0, 1])
-    scheduler.build([ScheduledRequest("a", 0, 2 * BS, [0, 1])])
+    scheduler.build([_one_group("a", 0, 2 * BS, [0, 1])])
     other = _prompt(BS, seed=5)
     _new_request(scheduler, "o", other, [9])
-    scheduler.build([ScheduledRequest("o", 0, BS, [9])])
+    scheduler.build([_one_group("o", 0, BS, [9])])
     # a lookup touches block 0 of the first prompt: it is now the most recently used
     assert scheduler.lookup("hit", first, None, 0) == BS
     newcomer = _prompt(BS, seed=6)
     _new_request(scheduler, "n", newcomer, [10])
-    plan = scheduler.build([ScheduledRequest("n", 0, BS, [10])])
+    plan = scheduler.build([_one_group("n", 0, BS, [10])])
     assert plan.evictions == [_keys(first)[1]]
 
 
@@ -418,7 +423,7 @@ def test_a_step_never_saves_and_evicts_the_same_key() -> None:
     scheduler, view, _ = _scheduler(entries=2)
     prompt = _prompt(4 * BS + 1)
     _new_request(scheduler, "r", prompt, [0, 1, 2, 3, 4])
-    plan = scheduler.build([ScheduledRequest("r", 0, len(prompt), [0, 1, 2, 3, 4])])
+    plan = scheduler.build([_one_group("r", 0, len(prompt), [0, 1, 2, 3, 4])])
     saved = {t.key for t in plan.saves}
     assert not saved & set(plan.evictions)
     assert all(view.contains(t.key) for t in plan.saves)
@@ -445,11 +450,11 @@ def test_finish_drops_request_state() -> None:
     scheduler.finish("r")
     # the keys are derived afresh from the new prompt under the reused id
     assert scheduler.lookup("r", new, None, 0) == 2 * BS
-    scheduler.on_alloc("r", [0, 1, 2], 2 * BS)
+    scheduler.on_alloc("r", ([0, 1, 2],), 2 * BS)
     scheduler.finish("r")
     scheduler.finish("r")  # finishing twice, or an unknown request, is fine
     scheduler.finish("unknown")
-    plan = scheduler.build([ScheduledRequest("r", 2 * BS, BS, [0, 1, 2])])
+    plan = scheduler.build([_one_group("r", 2 * BS, BS, [0, 1, 2])])
     assert plan.saves == []
     assert [t.block_id for t in plan.loads] == [0, 1]  # planned before finish
 
@@ -459,7 +464,7 @@ def test_finished_request_is_not_saved() -> None:
     prompt = _prompt(3 * BS)
     _new_request(scheduler, "r", prompt, [0, 1, 2])
     scheduler.finish("r")
-    assert scheduler.build([ScheduledRequest("r", 0, 3 * BS, [0, 1, 2])]) == TierStepPlan()
+    assert scheduler.build([_one_group("r", 0, 3 * BS, [0, 1, 2])]) == TierStepPlan()
     assert isinstance(view, MirrorIndex)
     assert len(view) == 0
 
@@ -471,12 +476,12 @@ def test_after_a_reset_nothing_stored_before_is_offered() -> None:
     scheduler, _, _ = _scheduler()
     prompt = _prompt(4 * BS + 1)
     _new_request(scheduler, "before", prompt, [1, 2, 3, 4, 5])
-    stored = scheduler.build([ScheduledRequest("before", 0, 4 * BS + 1, [1, 2, 3, 4, 5])])
+    stored = scheduler.build([_one_group("before", 0, 4 * BS + 1, [1, 2, 3, 4, 5])])
     assert len(stored.saves) == 4
     assert scheduler.lookup("again", prompt, None, 0) == 4 * BS
     assert scheduler.reset()
     assert scheduler.lookup("after", prompt, None, 0) == 0
-    plan = scheduler.build([ScheduledRequest("after", 0, 4 * BS + 1, [6, 7, 8, 9, 10])])
+    plan = scheduler.build([_one_group("after", 0, 4 * BS + 1, [6, 7, 8, 9, 10])])
     assert set(plan.evictions) == {t.key for t in stored.saves}  # the workers drop them
     assert {t.key for t in plan.saves}.isdisjoint(plan.evictions)  # new keys
     assert scheduler.lookup("later", prompt, None, 0) == 4 * BS  # the new generation's
@@ -493,4 +498,4 @@ def test_a_request_is_neither_loaded_nor_saved_while_the_generation_is_unknown()
     scheduler, _, _ = _scheduler(UnknownGeneration(held=100))
     prompt = _prompt(3 * BS + 1)
     assert _new_request(scheduler, "r", prompt, [1, 2, 3, 4]) == 0
-    assert scheduler.build([ScheduledRequest("r", 0, 3 * BS + 1, [1, 2, 3, 4])]).saves == []
+    assert scheduler.build([_one_group("r", 0, 3 * BS + 1, [1, 2, 3, 4])]).saves == []
