@@ -11,7 +11,9 @@ within 1e-3, and the hits show in ``usage.prompt_tokens_details.cached_tokens``.
 from __future__ import annotations
 
 import random
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,6 +88,28 @@ def _chat(client: Any, model: str) -> dict[str, Any]:
     }
 
 
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s series on the server's /metrics with these label values."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def hit_metrics(url: str) -> dict[str, float]:
+    """Cached prompt tokens by source (vLLM's split), and the mux's hits per child."""
+    cached = "vllm:prompt_tokens_cached_by_source_total"
+    return {
+        "host": metric(url, cached, source="host"),
+        "disk": metric(url, cached, source="disk"),
+        "0:memory": metric(url, "kvmux_mux_hit_tokens_total", child="0:memory"),
+        "1:disk": metric(url, "kvmux_mux_hit_tokens_total", child="1:disk"),
+    }
+
+
 def workload(url: str, model: str) -> dict[str, Any]:
     """A long completion, a chat, then 16 concurrent completions sharing a prefix."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
@@ -115,14 +139,24 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "kv_connector_extra_config": {"tiers": tiers},
     }
     log = work / "servers.log"
+    try:
+        return _serve_all(model, kv, log)
+    except Exception as exc:  # the servers' log holds the cause
+        tail = log.read_text(errors="replace")[-6000:] if log.exists() else ""
+        raise RuntimeError(f"{exc}\n--- servers' log (tail) ---\n{tail}") from exc
+
+
+def _serve_all(model: Path, kv: dict[str, Any], log: Path) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     with vllm_server(model, log) as url:
         runs["reference"] = workload(url, str(model))
     with vllm_server(model, log, kv) as url:
         runs["cold"] = workload(url, str(model))
         runs["warm"] = workload(url, str(model))
+        runs["warm"]["metrics"] = hit_metrics(url)
     with vllm_server(model, log, kv) as url:
         runs["restarted"] = workload(url, str(model))
+        runs["restarted"]["metrics"] = hit_metrics(url)
     return runs
 
 
@@ -164,3 +198,12 @@ def test_a_restarted_server_loads_from_disk(served: dict[str, Any]) -> None:
     restarted = served["restarted"]
     for kind in ("completion", "chat"):
         assert restarted[kind]["cached"] == full_blocks_below_last(restarted[kind]) > 0
+
+
+def test_hits_are_split_by_tier_in_the_servers_metrics(served: dict[str, Any]) -> None:
+    """vLLM's prompt_tokens_cached_by_source: memory hits as host, disk hits as disk; the
+    mux's own counters per child agree."""
+    warm, restarted = served["warm"]["metrics"], served["restarted"]["metrics"]
+    assert warm["host"] > 0 and warm["disk"] == 0
+    assert warm["0:memory"] == warm["host"]
+    assert restarted["disk"] > 0 and restarted["1:disk"] == restarted["disk"]
