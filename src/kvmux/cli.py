@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--configs", default="", help="comma-separated subset of configurations")
     bench.set_defaults(func=_bench)
+    from kvmux.tools.ops import add_parsers  # ls, stats, verify, purge: no vLLM, no torch
+
+    add_parsers(commands)
     return parser
 
 
@@ -73,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. kvmux ls | head: the reader is gone, stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # a clear line, not a traceback, for any failure
         from kvmux.errors import KvmuxError
 

@@ -46,16 +46,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvmux.errors import StoreError, StoreUnavailable
-from kvmux.stores.base import KVStore
+from kvmux.stores.base import KVStore, StoredEntry
 
 __all__ = ["FAULTS", "GROUPS", "FaultSpec", "FaultyStore", "read_record", "write_control"]
 
 T = TypeVar("T")
 GROUPS = {  # store methods by group; used_bytes and close are never faulted
-    "lookup": ("contains", "contains_many", "count_prefix", "generation"),
-    "get": ("get", "get_many"),
+    "lookup": ("contains", "contains_many", "count_prefix", "generation", "walk"),
+    "get": ("get", "get_many", "head", "head_many"),
     "put": ("put", "put_many"),
-    "delete": ("delete", "clear", "advance_generation"),
+    "delete": ("delete", "delete_many", "clear", "advance_generation"),
 }
 _ON = {
     "reads": frozenset({"lookup", "get"}),
@@ -248,6 +248,20 @@ class FaultyStore(KVStore):
         values = self._call("get", "get_many", len(keys), lambda: self.inner.get_many(keys))
         return [self._spoil("get_many", k, v) for k, v in zip(keys, values, strict=True)]
 
+    def head(self, key: bytes, size: int) -> bytes | None:
+        """``inner.head``, then maybe spoiled."""
+        value = self._call("get", "head", 1, lambda: self.inner.head(key, size))
+        return self._spoil("head", key, value)
+
+    def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
+        """``inner.head_many``, then each value maybe spoiled."""
+        values = self._call("get", "head_many", len(keys), lambda: self.inner.head_many(keys, size))
+        return [self._spoil("head_many", k, v) for k, v in zip(keys, values, strict=True)]
+
+    def walk(self, min_age: float | None = None) -> list[StoredEntry]:
+        """``inner.walk``, unless a lookup fault hits."""
+        return self._call("lookup", "walk", 0, lambda: list(self.inner.walk(min_age)))
+
     def contains(self, key: bytes) -> bool:
         """``inner.contains``, unless a lookup fault hits."""
         return self._call("lookup", "contains", 1, lambda: self.inner.contains(key))
@@ -267,6 +281,10 @@ class FaultyStore(KVStore):
     def delete(self, key: bytes) -> None:
         """``inner.delete``, unless a write fault hits."""
         self._call("delete", "delete", 1, lambda: self.inner.delete(key))
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        """``inner.delete_many``, unless a write fault hits."""
+        self._call("delete", "delete_many", len(keys), lambda: self.inner.delete_many(keys))
 
     def clear(self) -> None:
         """``inner.clear``, unless a write fault hits."""

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-__all__ = ["KVStore"]
+from kvmux.errors import StoreError
+
+__all__ = ["KVStore", "StoredEntry"]
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """One entry as a walk finds it, without reading its value."""
+
+    key: bytes
+    size: int  # bytes of the value (a split entry: all its parts); 0 if the store cannot tell
+    age: float | None  # seconds since it was last written or loaded; None if unknown
 
 
 class KVStore(ABC):
@@ -50,9 +62,35 @@ class KVStore(ABC):
         """``put`` for each (key, value)."""
         return [self.put(key, value) for key, value in items]
 
+    def head(self, key: bytes, size: int) -> bytes | None:
+        """The first ``size`` bytes of the value (all of a shorter one), or None if absent.
+
+        Operators' reads: unlike ``get``, never refreshes the entry's recency.
+        """
+        return self.head_many([key], size)[0]
+
+    def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
+        """``head`` for each key."""
+        values = self.get_many(keys)
+        return [None if value is None else value[:size] for value in values]
+
+    def walk(self, min_age: float | None = None) -> Iterable[StoredEntry]:
+        """Every entry, each once, in no particular order (a sized collection if cheap).
+
+        For operators' tools: entries written or removed meanwhile may or may not appear.
+        With ``min_age``, entries known to be younger may be left out, and are then not
+        read (entries of unknown age are kept: the caller decides).
+        """
+        raise StoreError(f"store {self.name!r} cannot list its entries")
+
     @abstractmethod
     def delete(self, key: bytes) -> None:
         """Remove ``key`` if present."""
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        """``delete`` for each key."""
+        for key in keys:
+            self.delete(key)
 
     @abstractmethod
     def used_bytes(self) -> int:

@@ -3,8 +3,9 @@
 Files are written to a temporary name and renamed into place, so a reader never sees
 a torn entry. Entry names are the hex of the key, so no key can escape the directory.
 Files are 0600; directories the store creates are 0700 (a directory that already exists
-keeps its owner's mode). Recency is the file's mtime, refreshed on every hit; past the
-byte budget the oldest files are removed. The file ``generation`` holds the directory's
+keeps its owner's mode). Recency is the file's mtime, refreshed on every hit (not by
+``head`` nor, with ``touch=False``, by operators' reads); past the byte budget the oldest
+files are removed. The file ``generation`` holds the directory's
 generation, which a reset advances for every engine sharing it.
 
 Anyone who can write to the directory can plant anything in it: only a regular file of
@@ -20,10 +21,12 @@ import os
 import stat
 import tempfile
 import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvmux.errors import StoreError, StoreUnavailable
-from kvmux.stores.base import KVStore
+from kvmux.stores.base import KVStore, StoredEntry
 
 __all__ = ["DiskStore"]
 
@@ -34,18 +37,25 @@ _RESCAN_SHARE = 0.1  # rescan the shared directory after writing this share of t
 # non-blocking so that a planted FIFO cannot hang a read; never through a planted symlink
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _ABSENT = (FileNotFoundError, NotADirectoryError)  # no entry file at this path
+_HEX = frozenset("0123456789abcdef")
 
 
-def _read_at_most(fd: int, size: int) -> bytes | None:
-    """The file's bytes, or None if it holds more than ``size`` (it grew meanwhile)."""
-    chunks, left = [], size + 1
+def _read_head(fd: int, size: int) -> bytes:
+    """The file's first ``size`` bytes (all of a shorter file)."""
+    chunks, left = [], size
     while left > 0:
         chunk = os.read(fd, left)
         if not chunk:
             break
         chunks.append(chunk)
         left -= len(chunk)
-    return b"".join(chunks) if left > 0 else None
+    return b"".join(chunks)
+
+
+def _read_at_most(fd: int, size: int) -> bytes | None:
+    """The file's bytes, or None if it holds more than ``size`` (it grew meanwhile)."""
+    data = _read_head(fd, size + 1)
+    return data if len(data) <= size else None
 
 
 def _unlink(path: Path) -> OSError | None:
@@ -57,6 +67,14 @@ def _unlink(path: Path) -> OSError | None:
     except OSError as exc:
         return exc
     return None
+
+
+def _key_of(path: Path) -> bytes | None:
+    """The key an entry file is named after, or None if no key names it."""
+    name = path.name.removesuffix(_SUFFIX)
+    if not name or len(name) % 2 or not set(name) <= _HEX or path.parent.name != name[:2]:
+        return None
+    return bytes.fromhex(name)
 
 
 def _shard_entries(shard: str) -> list[tuple[float, int, Path]]:
@@ -80,9 +98,10 @@ class DiskStore(KVStore):
 
     parallel_reads = True
 
-    def __init__(self, path: Path, capacity: int, name: str = "disk"):
+    def __init__(self, path: Path, capacity: int, name: str = "disk", touch: bool = True):
         self.name = name
         self.capacity = capacity
+        self.touch = touch  # False: reads leave mtimes (recency) alone, as operators' tools need
         self.root = Path(path)
         self._tmp = self.root / "tmp"
         self._lock = threading.Lock()
@@ -229,10 +248,44 @@ class DiskStore(KVStore):
         if info.st_size > self.capacity:
             return None  # no entry is larger than the budget: garbage, never read
         data = _read_at_most(fd, info.st_size)
-        if data is not None:
+        if data is not None and self.touch:
             with contextlib.suppress(OSError):
                 os.utime(fd)
         return data
+
+    def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
+        """The first ``size`` bytes of each entry file, leaving its mtime alone."""
+        return [self._head(key, size) for key in keys]
+
+    def _head(self, key: bytes, size: int) -> bytes | None:
+        path = self._path(key)
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except _ABSENT:
+            return None
+        except OSError as exc:
+            raise self._error("read", exc) from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise self._error("read", f"{path} is not a regular file")
+            return _read_head(fd, size)
+        except OSError as exc:
+            raise self._error("read", exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def walk(self, min_age: float | None = None) -> list[StoredEntry]:
+        """Every entry file named after a key (at least ``min_age`` old), by name.
+
+        An entry's age is that of its mtime.
+        """
+        now, found = time.time(), []
+        for mtime, size, path in sorted(self._entries(), key=lambda entry: entry[2]):
+            key, age = _key_of(path), max(0.0, now - mtime)
+            if key is not None and (min_age is None or age >= min_age):
+                found.append(StoredEntry(key, size, age))
+        return found
 
     def contains(self, key: bytes) -> bool:
         """One stat, no read."""

@@ -10,14 +10,17 @@ from kvmux.stores.memory import MemoryStore
 __all__ = ["open_store"]
 
 
-def open_store(spec: StoreSpec) -> KVStore:
-    """Open the store a spec describes; raises StoreUnavailable if it cannot."""
+def open_store(spec: StoreSpec, touch: bool = True) -> KVStore:
+    """Open the store a spec describes; raises StoreUnavailable if it cannot.
+
+    ``touch=False`` (operators' tools) asks reads to leave the entries' recency alone.
+    """
     if isinstance(spec, MemorySpec):
         return MemoryStore(spec.capacity, name=spec.name)
     if isinstance(spec, DiskSpec):
-        return DiskStore(spec.path, spec.capacity, name=spec.name)
+        return DiskStore(spec.path, spec.capacity, name=spec.name, touch=touch)
     if isinstance(spec, RedisSpec):
         from kvmux.stores.redis import RedisStore
 
-        return RedisStore(spec)
+        return RedisStore(spec, touch=touch)
     raise TypeError(f"unknown store spec {spec!r}")

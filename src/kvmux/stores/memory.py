@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from kvmux.stores.base import KVStore
+from kvmux.stores.base import KVStore, StoredEntry
 
 __all__ = ["MemoryStore"]
 
@@ -55,6 +56,17 @@ class MemoryStore(KVStore):
             value = self._entries.pop(key, None)
             if value is not None:
                 self._used -= len(value)
+
+    def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
+        """The values' first bytes, leaving the LRU order as it is."""
+        with self._lock:
+            values = [self._entries.get(key) for key in keys]
+        return [None if value is None else value[:size] for value in values]
+
+    def walk(self, min_age: float | None = None) -> list[StoredEntry]:
+        """Every entry, least recently used first (ages are not tracked: all are kept)."""
+        with self._lock:
+            return [StoredEntry(key, len(value), None) for key, value in self._entries.items()]
 
     def used_bytes(self) -> int:
         """Bytes held."""

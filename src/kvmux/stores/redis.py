@@ -6,7 +6,8 @@ braces are a hash tag, so an entry and its parts live in one cluster slot. Anyon
 write to the server can write garbage: a malformed manifest, a part of the wrong length
 or a key of another type is a miss for that key, and reading a split entry sends at most
 ``split.MAX_PARTS`` commands and reads at most one byte per part more than the manifest's
-total. The entry checksum is verified by the codec as for every tier.
+total. The entry checksum is verified by the codec as for every tier. Operators' tools
+walk the entries (not their parts) with SCAN: see ``redis_walk``.
 
 Every call is bounded by socket timeouts and goes through a circuit breaker: while the
 server is down or refusing, calls fail at once (a miss) instead of waiting, and one
@@ -18,23 +19,38 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from itertools import islice
 from typing import Any, TypeVar
 
 from kvmux.config import RedisSpec
 from kvmux.errors import ConfigError, StoreError, StoreUnavailable
 from kvmux.policies.breaker import CircuitBreaker
-from kvmux.stores.base import KVStore
-from kvmux.stores.split import MANIFEST_SIZE, Manifest, fits, is_manifest, parse_manifest
+from kvmux.stores.base import KVStore, StoredEntry
+from kvmux.stores.redis_walk import (
+    WALK_BATCH,
+    entry_key,
+    entry_pattern,
+    idle_times,
+    is_old,
+    no_touch_hook,
+    probe,
+    refuse_foreign_split,
+)
+from kvmux.stores.split import (
+    MANIFEST_SIZE,
+    Manifest,
+    fits,
+    is_manifest,
+    parse_manifest,
+    part_name,
+)
 
 __all__ = ["RedisStore"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def _part_name(name: str, nonce: bytes, index: int) -> str:
-    return f"{name}:{nonce.hex()}:{index}"
 
 
 def _join(parts: list[bytes | None], sizes: list[int]) -> bytes | None:
@@ -83,12 +99,15 @@ class RedisStore(KVStore):
 
     batched_io = True
 
-    def __init__(self, spec: RedisSpec):
+    def __init__(self, spec: RedisSpec, touch: bool = True):
         self.name = spec.name
         self.capacity = 0  # the server enforces its own maxmemory
         self.spec = spec
         self._redis = _import_redis()
         self._options = _client_options(spec)
+        if not touch:  # operators' tools: reads leave the server's LRU order alone (7.2 on)
+            response_error = self._redis.exceptions.ResponseError
+            self._options["redis_connect_func"] = no_touch_hook(spec.cluster, response_error)
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._breaker = CircuitBreaker(spec.breaker_seconds, max(30.0, spec.breaker_seconds))
@@ -192,7 +211,7 @@ class RedisStore(KVStore):
         parts = [view[i : i + limit] for i in range(0, len(value), limit)]
         nonce = os.urandom(16)  # concurrent writers of one key never mix their parts
         for index, part in enumerate(parts, start=1):
-            pipe.set(_part_name(name, nonce, index), part.tobytes(), **args)
+            pipe.set(part_name(name, nonce, index), part.tobytes(), **args)
         pipe.set(name, Manifest(len(parts), len(value), nonce).pack(), **args)
         return len(parts) + 1
 
@@ -251,7 +270,7 @@ class RedisStore(KVStore):
         for i, manifest in split.items():
             name = self._key(keys[i])
             for index, size in enumerate(sizes[i], start=1):
-                pipe.getrange(_part_name(name, manifest.nonce, index), 0, size)
+                pipe.getrange(part_name(name, manifest.nonce, index), 0, size)
         replies = iter(pipe.execute(raise_on_error=False))
         for i in split:
             values[i] = _join([self._value(next(replies)) for _ in sizes[i]], sizes[i])
@@ -288,22 +307,95 @@ class RedisStore(KVStore):
 
     def delete(self, key: bytes) -> None:
         """Remove an entry and, if its manifest is valid, its parts."""
-        name = self._key(key)
+        self.delete_many([key])
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        """Remove entries and their parts in two pipelined round trips."""
 
         def run(client: Any) -> None:
-            try:  # one byte more than a manifest tells a longer value apart
-                head = self._value(client.getrange(name, 0, MANIFEST_SIZE))
-            except self._errors.ResponseError as exc:
-                head = self._value(exc)
-            manifest = parse_manifest(head, self.spec.max_value_size) if head else None
             pipe = self._pipeline(client)
-            if manifest is not None:
-                for index in range(1, manifest.count + 1):
-                    pipe.delete(_part_name(name, manifest.nonce, index))
-            pipe.delete(name)
+            for key in keys:  # one byte more than a manifest tells a longer value apart
+                pipe.getrange(self._key(key), 0, MANIFEST_SIZE)
+            heads = [self._value(reply) for reply in pipe.execute(raise_on_error=False)]
+            pipe = self._pipeline(client)
+            for key, head in zip(keys, heads, strict=True):
+                name = self._key(key)
+                manifest = parse_manifest(head, self.spec.max_value_size) if head else None
+                if manifest is not None:
+                    for index in range(1, manifest.count + 1):
+                        pipe.delete(part_name(name, manifest.nonce, index))
+                pipe.delete(name)
             pipe.execute()
 
-        self._call("delete", run)
+        if keys:
+            self._call("delete", run)
+
+    # -- operators' tools -------------------------------------------------------
+
+    def walk(self, min_age: float | None = None) -> Iterator[StoredEntry]:
+        """Every entry (not its parts) once: SCAN on every node, then ages and sizes.
+
+        Entries idle for less than ``min_age`` are left out before anything reads them.
+        """
+        prefix = self.spec.key_prefix
+        names = self._call("scan", lambda c: c.scan_iter(match=entry_pattern(prefix), count=1000))
+        seen: set[bytes] = set()  # SCAN may return a name twice
+        while batch := self._call("scan", lambda _: list(islice(names, WALK_BATCH))):
+            named = dict.fromkeys(entry_key(name, prefix) for name in batch)  # in SCAN's order
+            keys = [key for key in named if key is not None and key not in seen]
+            seen.update(keys)
+            if keys:
+                yield from self._call("walk", partial(self._probe, keys, min_age))
+
+    def _probe(self, keys: list[bytes], min_age: float | None, client: Any) -> list[StoredEntry]:
+        ages = idle_times(self._pipeline(client), [self._key(key) for key in keys])
+        old = [(k, a) for k, a in zip(keys, ages, strict=True) if is_old(a, min_age)]
+        if not old:
+            return []
+        probed = probe(self._pipeline(client), self._key, old, self.spec.max_value_size)
+        foreign = [(p.entry.key, p.foreign) for p in probed if p.foreign is not None]
+        if foreign:
+            refuse_foreign_split(
+                self._pipeline(client), self._key, foreign, self.spec.max_value_size
+            )
+        return [p.entry for p in probed]
+
+    def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
+        """The first ``size`` bytes of entries (from their first parts if split)."""
+
+        def run(client: Any) -> list[bytes | None]:
+            pipe = self._pipeline(client)
+            for key in keys:  # GETRANGE of an absent key is empty: EXISTS tells them apart
+                pipe.exists(self._key(key))
+                pipe.getrange(self._key(key), 0, max(size, MANIFEST_SIZE + 1) - 1)
+            replies = pipe.execute(raise_on_error=False)
+            pairs = zip(replies[::2], replies[1::2], strict=True)
+            heads = [self._value(head) if found == 1 else None for found, head in pairs]
+            split = self._manifests(heads)
+            if split:
+                self._read_heads(client, keys, heads, split, size)
+            return [None if head is None else head[:size] for head in heads]
+
+        return self._call("head", run) if keys else []
+
+    def _read_heads(
+        self,
+        client: Any,
+        keys: Sequence[bytes],
+        heads: list[bytes | None],
+        split: dict[int, Manifest],
+        size: int,
+    ) -> None:
+        """Replace each manifest by the first ``size`` bytes of its parts."""
+        pipe, wanted = self._pipeline(client), {}
+        for i, manifest in split.items():
+            wanted[i] = manifest.head_sizes(self.spec.max_value_size, size)
+            for index, length in enumerate(wanted[i], start=1):
+                pipe.getrange(part_name(self._key(keys[i]), manifest.nonce, index), 0, length - 1)
+        replies = iter(pipe.execute(raise_on_error=False))
+        for i in split:  # a missing part reads as empty: the head is short, as is the entry
+            parts = [self._value(next(replies)) for _ in wanted[i]]
+            heads[i] = None if None in parts else b"".join(p for p in parts if p is not None)
 
     def generation(self) -> int:
         """The generation under ``<key_prefix>generation`` (0 until the first reset)."""

@@ -25,6 +25,8 @@ __all__ = [
     "is_manifest",
     "parse_manifest",
     "part_count",
+    "part_name",
+    "unchecked_manifest",
 ]
 
 MANIFEST_PREFIX = b"\x00kvmux-parts-v1\x00"
@@ -50,6 +52,21 @@ class Manifest:
         """The exact length of each part, in order."""
         last = self.total - (self.count - 1) * max_value_size
         return [max_value_size] * (self.count - 1) + [last]
+
+    def head_sizes(self, max_value_size: int, size: int) -> list[int]:
+        """Bytes to read of each part, in order, for the entry's first ``size`` bytes."""
+        sizes, left = [], size
+        for part in self.part_sizes(max_value_size):
+            if left <= 0:
+                break
+            sizes.append(min(part, left))
+            left -= part
+        return sizes
+
+
+def part_name(name: str, nonce: bytes, index: int) -> str:
+    """The Redis key of part ``index`` (from 1) of the entry at ``name``, by one writer."""
+    return f"{name}:{nonce.hex()}:{index}"
 
 
 def part_count(total: int, max_value_size: int) -> int:
@@ -78,4 +95,12 @@ def parse_manifest(value: bytes, max_value_size: int) -> Manifest | None:
         return None
     if count != part_count(total, max_value_size):
         return None
+    return Manifest(count=count, total=total, nonce=nonce)
+
+
+def unchecked_manifest(value: bytes) -> Manifest | None:
+    """The fields of a manifest-shaped value, unchecked (only to name a writer's part size)."""
+    if len(value) != MANIFEST_SIZE or not is_manifest(value):
+        return None
+    count, total, nonce = _BODY.unpack_from(value, len(MANIFEST_PREFIX))
     return Manifest(count=count, total=total, nonce=nonce)
