@@ -43,6 +43,15 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_config(args: argparse.Namespace) -> int:
+    from kvmux.tools.check import check_config
+
+    for line in check_config(args.config):
+        print(line)
+    print("config ok")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvmux", description="KV-cache tiers for vLLM.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--configs", default="", help="comma-separated subset of configurations")
     bench.set_defaults(func=_bench)
+    check = commands.add_parser(
+        "check-config", help="validate a --kv-transfer-config offline (no vLLM, no model)"
+    )
+    check.add_argument("config", help="the JSON given to vllm serve --kv-transfer-config")
+    check.set_defaults(func=_check_config)
     from kvmux.tools.ops import add_parsers  # ls, stats, verify, purge: no vLLM, no torch
 
     add_parsers(commands)
