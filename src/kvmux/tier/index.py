@@ -128,11 +128,13 @@ class SharedStoreView(TierView):
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:
         """Ask the store, then count on through saves still being written.
 
-        A failing store holds nothing.
+        A failing store holds nothing, saves in flight included.
         """
         held = self._guarded(
-            "lookup", lambda: self._store.count_prefix([store_key(k, 0) for k in keys]), 0
+            "lookup", lambda: self._store.count_prefix([store_key(k, 0) for k in keys]), None
         )
+        if held is None:  # the store cannot be reached: what it is writing cannot load either
+            return 0
         return held + self._recent.count_prefix(keys[held:])
 
     def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:

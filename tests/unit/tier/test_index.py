@@ -211,3 +211,11 @@ def test_a_remote_view_reads_the_generation_at_start_and_keeps_it_through_failur
         assert stats.store_errors == 2
     finally:
         view.close()
+
+
+def test_saves_in_flight_are_not_offered_while_the_store_is_down() -> None:
+    store = _FailingStore(1 << 20, name="down")
+    view = SharedStoreView(store, TierStats())
+    keys = [BlockKey(_k(i)) for i in range(2)]
+    view.record_saved(keys)
+    assert view.count_prefix(keys) == 0  # the load could not reach them either
