@@ -22,7 +22,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvmux.errors import StoreError, StoreUnavailable
@@ -226,25 +226,9 @@ class DiskStore(KVStore):
 
     def get(self, key: bytes) -> bytes | None:
         """Read the entry file, refreshing its recency; None when absent or oversized."""
-        path = self._path(key)
-        try:
-            fd = os.open(path, _READ_FLAGS)
-        except _ABSENT:
-            return None
-        except OSError as exc:
-            raise self._error("read", exc) from exc
-        try:
-            return self._read(fd, path)
-        except OSError as exc:
-            raise self._error("read", exc) from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        return self._open_entry(key, self._read)
 
-    def _read(self, fd: int, path: Path) -> bytes | None:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise self._error("read", f"{path} is not a regular file")
+    def _read(self, fd: int, info: os.stat_result) -> bytes | None:
         if info.st_size > self.capacity:
             return None  # no entry is larger than the budget: garbage, never read
         data = _read_at_most(fd, info.st_size)
@@ -255,9 +239,16 @@ class DiskStore(KVStore):
 
     def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
         """The first ``size`` bytes of each entry file, leaving its mtime alone."""
-        return [self._head(key, size) for key in keys]
+        return [self._open_entry(key, lambda fd, _: _read_head(fd, size)) for key in keys]
 
-    def _head(self, key: bytes, size: int) -> bytes | None:
+    def _open_entry(
+        self, key: bytes, read: Callable[[int, os.stat_result], bytes | None]
+    ) -> bytes | None:
+        """``read(fd, stat)`` of the key's entry file; None when absent.
+
+        Never follows a symlink nor opens anything but a regular file; an OSError is a
+        StoreError.
+        """
         path = self._path(key)
         try:
             fd = os.open(path, _READ_FLAGS)
@@ -266,9 +257,10 @@ class DiskStore(KVStore):
         except OSError as exc:
             raise self._error("read", exc) from exc
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise self._error("read", f"{path} is not a regular file")
-            return _read_head(fd, size)
+            return read(fd, info)
         except OSError as exc:
             raise self._error("read", exc) from exc
         finally:
