@@ -12,7 +12,11 @@ import pytest
 from kvmux.tools.engine import run_engine_job
 from kvmux.tools.models import build_random_llama
 
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(os.cpu_count() or 2)}
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "OMP_NUM_THREADS": str(os.cpu_count() or 2),
+    "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # vLLM's log, kvmux's lines included, in run["log"]
+}
 BASE_ENGINE = {"max_num_batched_tokens": 256, "max_num_seqs": 8, "dtype": "float32"}
 
 

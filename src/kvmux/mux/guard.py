@@ -126,6 +126,7 @@ class ChildGuard:
 
     def note(self, counter: str, value: float = 1.0) -> None:
         """Count a NOTABLE event (an error, a skipped call, a lost load or save)."""
+        assert counter in NOTABLE, counter
         self.counters[counter] += value
         self.notices.pending = True
 

@@ -25,8 +25,8 @@ __all__ = ["AsyncLoader", "FinishedLoads", "StepBudget"]
 log = logging.getLogger(__name__)
 LOADERS = 2  # requests loading at once
 LOAD_BATCH = 8  # blocks read at a time (bounds the bytes held; an abort stops between batches)
-LOADER_NICE = int(os.environ.get("KVMUX_LOADER_NICE", "10"))  # TEMP
-HOST_STEP_BYTES = int(os.environ.get("KVMUX_LOADER_STEP_BYTES", str(4 * 2**20)))  # TEMP
+LOADER_NICE = 10  # loader threads' CPU priority (Linux): the forward pass's threads come first
+HOST_STEP_BYTES = 4 * 2**20  # into host memory: bytes copied in per engine step (see StepBudget)
 
 LoadBlocks = Callable[[Sequence[BlockTransfer]], list[bool]]  # whether each block landed
 SizeOf = Callable[[BlockTransfer], int]  # host bytes of a block

@@ -354,6 +354,20 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1000 * seconds
 
 
+def _median_round_ratio(local: list[dict[str, Any]], loading: list[dict[str, Any]]) -> float | None:
+    """The p99 ratio of each round's two phases (run back to back), median over rounds.
+
+    Less sensitive than the pooled ratio to whatever else the machine runs meanwhile.
+    """
+    ratios = []
+    for still, busy in zip(local, loading, strict=True):
+        p99_still = _percentile(_window_itls(still), 0.99)
+        p99_busy = _percentile(_window_itls(busy), 0.99)
+        if p99_still and p99_busy:
+            ratios.append(p99_busy / p99_still)
+    return statistics.median(ratios) if ratios else None
+
+
 def itl_row(tier: str, mode: str, shape: LoadingShape, result: dict[str, Any]) -> dict[str, Any]:
     """One tier's figures: decode ITL with nothing loading and while the prompts load."""
     local, loading = result["phases"]["local"], result["phases"]["tier"]
@@ -375,6 +389,7 @@ def itl_row(tier: str, mode: str, shape: LoadingShape, result: dict[str, Any]) -
         "itl_p50_ms_loading": _ms(_percentile(busy, 0.5)),
         "itl_p99_ms_loading": _ms(p99_busy),
         "itl_p99_ratio": p99_busy / p99_still if p99_busy and p99_still else None,
+        "itl_p99_ratio_median_round": _median_round_ratio(local, loading),
         "samples_no_load": len(still),
         "samples_loading": len(busy),
         "ttft_p50_ms_no_load": _ms(_percentile([t for p in local for t in _ttfts(p)], 0.5)),
