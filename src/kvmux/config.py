@@ -19,6 +19,7 @@ from kvmux.codec import SigningKeys
 from kvmux.errors import ConfigError
 
 __all__ = [
+    "ASYNC_LOADS",
     "INHERITED",
     "POLICIES",
     "ChildConfig",
@@ -81,6 +82,7 @@ class MemorySpec:
     capacity: int  # byte budget, never exceeded
     name: str = "memory"  # label used in logs and stats
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -92,6 +94,7 @@ class DiskSpec:
     capacity: int  # byte budget; oldest entries are evicted past it
     name: str = "disk"  # label used in logs and stats
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -115,15 +118,19 @@ class RedisSpec:
     lookup_wait: float = 0.005  # seconds the scheduler waits for a lookup before asking again
     breaker_seconds: float = 1.0  # first back-off after the server failed
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
 StoreSpec = MemorySpec | DiskSpec | RedisSpec
+# auto: a disk or Redis tier loads asynchronously, a memory tier synchronously (unless the
+# model has several KV cache groups: then every tier does); always; never (one group only)
+ASYNC_LOADS = ("auto", "always", "never")
 _SIGNING_KEYS = frozenset({"key_env", "key_file"})
 
 _STORE_KEYS: dict[str, frozenset[str]] = {
-    "memory": frozenset({"type", "capacity", "name", "save_queue", "signing"}),
-    "disk": frozenset({"type", "path", "capacity", "name", "save_queue", "signing"}),
+    "memory": frozenset({"type", "capacity", "name", "save_queue", "signing", "async_loads"}),
+    "disk": frozenset({"type", "path", "capacity", "name", "save_queue", "signing", "async_loads"}),
     "redis": frozenset(
         {
             "type",
@@ -144,6 +151,7 @@ _STORE_KEYS: dict[str, frozenset[str]] = {
             "breaker_seconds",
             "save_queue",
             "signing",
+            "async_loads",
         }
     ),
 }
@@ -190,9 +198,12 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         return _parse_redis(spec, where)
     capacity = parse_capacity(_required(spec, "capacity", where), f"{where}.capacity")
     queue, signing = _save_queue(spec, where), _signing(spec, where)
+    loads = _async_loads(spec, where)
     if kind == "memory":
         name = _name(spec, "memory", where)
-        return MemorySpec(capacity=capacity, name=name, save_queue=queue, signing=signing)
+        return MemorySpec(
+            capacity=capacity, name=name, save_queue=queue, async_loads=loads, signing=signing
+        )
     path = _required(spec, "path", where)
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}.path", f"expected a directory path, got {path!r}")
@@ -201,8 +212,16 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         capacity=capacity,
         name=_name(spec, "disk", where),
         save_queue=queue,
+        async_loads=loads,
         signing=signing,
     )
+
+
+def _async_loads(spec: Mapping[str, Any], where: str) -> str:
+    value = spec.get("async_loads", "auto")
+    if value not in ASYNC_LOADS:
+        raise ConfigError(_path(where, "async_loads"), f"bad value {value!r}", ASYNC_LOADS)
+    return str(value)
 
 
 def _signing(spec: Mapping[str, Any], where: str) -> SigningKeys | None:
@@ -292,6 +311,7 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
         lookup_wait=_positive_number(spec, "lookup_wait", 0.005, where),
         breaker_seconds=_positive_number(spec, "breaker_seconds", 1.0, where),
         save_queue=_save_queue(spec, where),
+        async_loads=_async_loads(spec, where),
         signing=_signing(spec, where),
     )
 

@@ -2,23 +2,64 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
-__all__ = ["MuxStepPlan"]
+__all__ = ["EMPTY_STEP", "MuxStepPlan"]
+
+# what a plan holds until something goes in: shared, never changed (writes replace them)
+_NO_BLOCKS: list[int] = []
+_NO_REQUESTS: dict[str, set[int]] = {}
+_NO_CHILDREN: set[int] = set()
 
 
-@dataclass
 class MuxStepPlan:
-    """Load ownership and finish expectations of one step."""
+    """Load ownership and finish expectations of one step.
 
-    load_blocks: dict[int, list[int]] = field(default_factory=dict)  # child -> blocks it loads
-    failed_blocks: list[int] = field(default_factory=list)  # blocks whose loader already failed
-    async_loaders: dict[str, set[int]] = field(default_factory=dict)  # req -> children loading it
-    async_savers: dict[str, set[int]] = field(default_factory=dict)  # req -> children saving it
-    cut_off: set[int] = field(default_factory=set)  # children that neither load nor save
+    Most steps hold nothing, or only loads, so each container but ``load_blocks`` is made
+    when the first thing goes in: read the attributes, fill them through the methods (and
+    ``load_blocks`` directly).
+    """
+
+    __slots__ = ("async_loaders", "async_savers", "cut_off", "failed_blocks", "load_blocks")
+
+    def __init__(self) -> None:
+        self.load_blocks: dict[int, list[int]] = {}  # child -> blocks it loads
+        self.failed_blocks = _NO_BLOCKS  # blocks whose loader already failed
+        self.async_loaders = _NO_REQUESTS  # req -> children loading it
+        self.async_savers = _NO_REQUESTS  # req -> children saving it
+        self.cut_off = _NO_CHILDREN  # children that neither load nor save
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"MuxStepPlan({fields})"
+
+    def add_failed(self, blocks: Iterable[int]) -> None:
+        """``blocks`` will not be loaded: their loader already failed."""
+        if self.failed_blocks is _NO_BLOCKS:
+            self.failed_blocks = []
+        self.failed_blocks.extend(blocks)
+
+    def expect_loaders(self, req_id: str, children: set[int]) -> None:
+        """``req_id`` finishes receiving once every one of ``children`` (maybe none) reported."""
+        if self.async_loaders is _NO_REQUESTS:
+            self.async_loaders = {}
+        self.async_loaders[req_id] = children
+
+    def expect_savers(self, req_id: str, children: set[int]) -> None:
+        """``req_id`` finishes sending once every one of ``children`` reported."""
+        if self.async_savers is _NO_REQUESTS:
+            self.async_savers = {}
+        self.async_savers[req_id] = children
 
     def fail_child(self, child: int) -> None:
-        """The child's loads this step will not happen: their blocks are load errors."""
-        self.failed_blocks.extend(self.load_blocks.pop(child, []))
+        """The child neither loads nor saves this step: its blocks are load errors."""
+        if self.cut_off is _NO_CHILDREN:
+            self.cut_off = set()
+        self.cut_off.add(child)
+        if child in self.load_blocks:
+            self.add_failed(self.load_blocks.pop(child))
         for loaders in self.async_loaders.values():
             loaders.discard(child)
+
+
+EMPTY_STEP = MuxStepPlan()  # a step with nothing in it; never changed (the workers only read)

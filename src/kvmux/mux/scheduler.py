@@ -7,21 +7,18 @@ from functools import partial
 from typing import Any
 
 from kvmux.errors import KvmuxError
-from kvmux.mux.guard import ChildGuard, succeeded
-from kvmux.mux.plan import MuxStepPlan
-from kvmux.policies.selection import Contribution, Offer, select
+from kvmux.mux.guard import ChildGuard
+from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
+from kvmux.policies.selection import SCORE_CAPS, Answer, Contribution, Offer, select
 
 __all__ = ["MuxScheduler", "TransferParamsClash"]
+
+_MISS: Answer = (0, False)  # what a failing or cut-off child offers
+_new = tuple.__new__  # Contribution(...) without NamedTuple's Python-level __new__ (per hit)
 
 
 class TransferParamsClash(KvmuxError):
     """Two children returned the same kv_transfer_params key."""
-
-
-def _blocks_of(contribution: Contribution, block_ids: Sequence[int], block_size: int) -> list[int]:
-    first = contribution.start // block_size
-    last = -(-contribution.end // block_size)
-    return list(block_ids[first:last])
 
 
 class MuxScheduler:
@@ -40,29 +37,81 @@ class MuxScheduler:
         self.policy = policy
         self.offset_capable = offset_capable
         self.block_size = block_size
-        self._plans: dict[str, list[Contribution]] = {}
-        self._step = MuxStepPlan()
+        self._pairs = list(zip(children, guards, strict=True))
+        self._indexed = [(i, c, g) for i, (c, g) in enumerate(self._pairs)]
+        self._cap = SCORE_CAPS.get(policy)  # None: the policy asks child after child
+        # request -> its load plan, while it has one (only requests something loads)
+        self.plans: dict[str, list[Contribution]] = {}
+        self._step: MuxStepPlan | None = None  # made when the first thing is put in it
+
+    def _answer(self, i: int, request: Any, start: int) -> tuple[int | None, bool]:
+        """Child ``i``'s offer from ``start`` on, guarded; a lookup counted."""
+        child, guard = self._pairs[i]
+        guard.lookups += 1
+        if guard.closed:
+            try:
+                return child.get_num_new_matched_tokens(request, start)  # type: ignore[no-any-return]
+            except Exception as exc:
+                guard.fail("get_num_new_matched_tokens", exc)
+                return _MISS
+        # open (skipped) or half-open (the trial call)
+        call = partial(child.get_num_new_matched_tokens, request, start)
+        return guard.call("get_num_new_matched_tokens", call, _MISS)
+
+    def _ask(self, request: Any, i: int, start: int) -> Offer | None:
+        tokens, is_async = self._answer(i, request, start)
+        return None if tokens is None else Offer(start, tokens, is_async)
 
     def lookup(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
         """Tokens the children can load together, per the policy; None while one looks."""
-
-        def ask(i: int, start: int) -> Offer | None:
-            guard = self.guards[i]
-            guard.counters["lookups"] += 1
-            miss: tuple[int | None, bool] = (0, False)
-            call = partial(self.children[i].get_num_new_matched_tokens, request, start)
-            tokens, is_async = guard.call("get_num_new_matched_tokens", call, miss)
-            return None if tokens is None else Offer(start, int(tokens), bool(is_async))
-
-        plan = select(self.policy, ask, self.offset_capable, num_computed, self.block_size)
-        if plan is None:
+        if self._cap is None:
+            ask = partial(self._ask, request)
+            plan = select(self.policy, ask, self.offset_capable, num_computed, self.block_size)
+            if plan is None:
+                return None, False
+            return self._keep(request.request_id, plan)
+        # every child is asked from the computed tokens on, in one loop that also keeps the
+        # best offer as ``selection.best_offer`` picks it (no list, no call per child)
+        cap, best, top, looking = self._cap, -1, 0, False
+        tokens: int | None = 0
+        for i, child, guard in self._indexed:
+            guard.lookups += 1
+            if guard.closed:
+                try:
+                    tokens, is_async = child.get_num_new_matched_tokens(request, num_computed)
+                except Exception as exc:
+                    guard.fail("get_num_new_matched_tokens", exc)
+                    continue
+            else:  # open (skipped) or half-open (the trial call)
+                call = partial(child.get_num_new_matched_tokens, request, num_computed)
+                tokens, is_async = guard.call("get_num_new_matched_tokens", call, _MISS)
+            if tokens is None:
+                looking = True
+                continue
+            score = tokens if tokens < cap else cap
+            if score > top:
+                best, top, best_tokens, best_async = i, score, tokens, is_async
+        if looking:
             return None, False
-        self._plans[request.request_id] = plan
+        if best < 0:
+            if self.plans:
+                self.plans.pop(request.request_id, None)
+            return 0, False
+        contribution = _new(Contribution, (best, num_computed, best_tokens, best_async))
+        self.plans[request.request_id] = [contribution]
+        return best_tokens, best_async
+
+    def _keep(self, req_id: str, plan: list[Contribution]) -> tuple[int, bool]:
+        """Keep a request's load plan; what it loads altogether."""
+        if not plan:
+            self.plans.pop(req_id, None)
+            return 0, False
+        self.plans[req_id] = plan
         return sum(c.tokens for c in plan), any(c.is_async for c in plan)
 
     def contributions(self, req_id: str) -> list[Contribution]:
         """The current load plan of a request."""
-        return self._plans.get(req_id, [])
+        return self.plans.get(req_id, [])
 
     def _trim(self, plan: list[Contribution], allowed: int) -> list[Contribution]:
         trimmed, left = [], allowed
@@ -74,66 +123,159 @@ class MuxScheduler:
         return trimmed
 
     def after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        """Tell each child its share of the load; note block ownership for the workers."""
-        req_id = request.request_id
-        plan = self._trim(self._plans.get(req_id, []), num_external_tokens)
-        share = {c.child: c for c in plan}
-        block_ids = blocks.get_block_ids()[0] if plan else []
-        failed: set[int] = set()
-        for i, child in enumerate(self.children):
-            cut_off = self.guards[i].cut_off()  # opened since the lookup: it loads nothing
-            tokens = share[i].tokens if i in share and not cut_off else 0
-            told = self.guards[i].call(  # always told, so no child keeps a stale lookup
-                "update_state_after_alloc",
-                succeeded(child.update_state_after_alloc, request, blocks, tokens),
-                False,
-                always=True,
-            )
-            if i not in share:
+        """Tell each child its share of the load; note block ownership for the workers.
+
+        Every child is told, so no child keeps a stale lookup; a contributor whose breaker
+        opened since the lookup is told 0 tokens and its blocks are load errors.
+        """
+        plan = self.plans.get(request.request_id) if self.plans else None
+        if not plan or num_external_tokens <= 0:
+            if plan:  # allocated without the external tokens: nothing loads
+                del self.plans[request.request_id]
+            for child, guard in self._pairs:
+                try:
+                    child.update_state_after_alloc(request, blocks, 0)
+                except Exception as exc:
+                    guard.fail("update_state_after_alloc", exc)
+            return
+        if len(plan) > 1:
+            self._after_alloc_with_loads(request, blocks, num_external_tokens, plan)
+            return
+        # one contributor (``first``, ``longest``, or ``compose`` with one)
+        loader, start, tokens, is_async = plan[0]
+        if tokens > num_external_tokens:
+            tokens = num_external_tokens
+            self.plans[request.request_id] = [Contribution(loader, start, tokens, is_async)]
+        loads = False
+        for i, child, guard in self._indexed:
+            if i != loader:
+                try:
+                    child.update_state_after_alloc(request, blocks, 0)
+                except Exception as exc:
+                    guard.fail("update_state_after_alloc", exc)
                 continue
-            owned = _blocks_of(share[i], block_ids, self.block_size)
-            if told and not cut_off:
-                self.guards[i].counters["hit_tokens"] += tokens
-                self._step.load_blocks.setdefault(i, []).extend(owned)
+            cut_off = not guard.closed and guard.cut_off()
+            try:
+                child.update_state_after_alloc(request, blocks, 0 if cut_off else tokens)
+                loads = not cut_off
+            except Exception as exc:
+                guard.fail("update_state_after_alloc", exc)
+        size = self.block_size
+        owned = blocks.get_block_ids()[0][start // size : -(-(start + tokens) // size)]
+        step = self._step
+        if step is None:
+            step = self._step = MuxStepPlan()
+        if loads:
+            self.guards[loader].hit_tokens += tokens
+            known = step.load_blocks.get(loader)
+            if known is None:
+                step.load_blocks[loader] = owned if type(owned) is list else list(owned)
             else:
-                failed.add(i)
-                self._step.failed_blocks.extend(owned)
-        if any(c.is_async for c in plan):
-            loaders = {c.child for c in plan if c.is_async and c.child not in failed}
-            self._step.async_loaders[req_id] = loaders
-        self._plans[req_id] = plan
+                known.extend(owned)
+        else:
+            step.add_failed(owned)
+        if is_async:
+            step.expect_loaders(request.request_id, {loader} if loads else set())
+
+    def _after_alloc_with_loads(
+        self, request: Any, blocks: Any, num_external_tokens: int, plan: list[Contribution]
+    ) -> None:
+        if plan[-1].end - plan[0].start > num_external_tokens:
+            plan = self._trim(plan, num_external_tokens)
+        self.plans[request.request_id] = plan
+        shares: list[Contribution | None] = [None] * len(self._pairs)
+        for c in plan:
+            shares[c.child] = c
+        block_ids = blocks.get_block_ids()[0]
+        step, size = self._current(), self.block_size
+        loaders: set[int] | None = None  # async contributors that will load
+        for i, child, guard in self._indexed:
+            share = shares[i]
+            cut_off = not guard.closed and guard.cut_off()  # opened since the lookup
+            tokens = 0 if share is None or cut_off else share.tokens
+            try:  # always told, so no child keeps a stale lookup
+                child.update_state_after_alloc(request, blocks, tokens)
+                told = True
+            except Exception as exc:
+                guard.fail("update_state_after_alloc", exc)
+                told = False
+            if share is None:
+                continue
+            owned = block_ids[share.start // size : -(-share.end // size)]
+            loads = told and not cut_off
+            if loads:
+                guard.hit_tokens += tokens
+                step.load_blocks.setdefault(i, []).extend(owned)
+            else:
+                step.add_failed(owned)
+            if share.is_async:
+                loaders = set() if loaders is None else loaders
+                if loads:
+                    loaders.add(i)
+        if loaders is not None:
+            step.expect_loaders(request.request_id, loaders)
+
+    def _current(self) -> MuxStepPlan:
+        """This step's plan, made when the first thing is put in it."""
+        if self._step is None:
+            self._step = MuxStepPlan()
+        return self._step
 
     def take_step(self, child_metas: Sequence[Any | None]) -> MuxStepPlan:
         """This step's plan; a child whose metadata failed, or that is cut off, loses its loads.
 
         A cut-off child still built its metadata and its workers still bind it (nothing
-        it planned outlives the step), but they run none of its loads or saves.
+        it planned outlives the step), but they run none of its loads or saves. A step
+        with nothing in it is ``EMPTY_STEP``.
         """
-        step, self._step = self._step, MuxStepPlan()
+        step, self._step = self._step, None
+        for i, _, guard in self._indexed:  # not ``None in``: that compares every metadata
+            if child_metas[i] is None or (not guard.closed and guard.cut_off()):
+                step = self._cut_off(step, child_metas)
+                break
+        return EMPTY_STEP if step is None else step
+
+    def _cut_off(self, step: MuxStepPlan | None, child_metas: Sequence[Any | None]) -> MuxStepPlan:
+        step = step or MuxStepPlan()
         for i, meta in enumerate(child_metas):
             if meta is None or self.guards[i].cut_off():
                 step.fail_child(i)
-                step.cut_off.add(i)
         return step
 
     def finished(
         self, req_id: str, results: Sequence[tuple[bool, dict[str, Any] | None]]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Aggregate the children's request_finished answers."""
-        self._plans.pop(req_id, None)
-        savers = {i for i, (is_async, _) in enumerate(results) if is_async}
+        if self.plans:
+            self.plans.pop(req_id, None)
+        savers: set[int] | None = None
         merged: dict[str, Any] | None = None
-        owner: dict[str, int] = {}
-        for i, (_, params) in enumerate(results):
-            for key, value in (params or {}).items():
-                if key in owner:
-                    raise TransferParamsClash(
-                        f"kv_transfer_params key {key!r} set by both child "
-                        f"{self.guards[owner[key]].label} and child {self.guards[i].label}"
-                    )
-                owner[key] = i
-                merged = merged or {}
-                merged[key] = value
+        for i, (is_async, params) in enumerate(results):
+            if is_async:
+                savers = savers or set()
+                savers.add(i)
+            if params:
+                merged = self._merge_params(merged, params, i, results)
         if savers:
-            self._step.async_savers[req_id] = savers
-        return bool(savers), merged
+            self._current().expect_savers(req_id, savers)
+            return True, merged
+        return False, merged
+
+    def _merge_params(
+        self,
+        merged: dict[str, Any] | None,
+        params: dict[str, Any],
+        i: int,
+        results: Sequence[tuple[bool, dict[str, Any] | None]],
+    ) -> dict[str, Any]:
+        """``merged`` with child ``i``'s kv_transfer_params; a key clash names both children."""
+        if merged is None:
+            return dict(params)
+        for key in params.keys() & merged.keys():
+            owner = next(j for j, (_, p) in enumerate(results) if p and key in p)
+            raise TransferParamsClash(
+                f"kv_transfer_params key {key!r} set by both child "
+                f"{self.guards[owner].label} and child {self.guards[i].label}"
+            )
+        merged.update(params)
+        return merged

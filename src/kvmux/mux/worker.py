@@ -1,22 +1,48 @@
-"""MuxConnector's worker half: runs children's hooks in isolation, finishes exactly once."""
+"""MuxConnector's worker half: runs children's hooks in isolation, finishes exactly once.
+
+Each hook runs on its children in a plain loop over this step's live children: a child
+that raises is caught, counted and cut off (``ChildGuard.fail``), and a child whose
+breaker is not closed goes through ``ChildGuard.invoke``, which skips it or makes the
+half-open trial.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 from kvmux.mux.accounting import FinishTracker
-from kvmux.mux.guard import ChildGuard, succeeded
-from kvmux.mux.plan import MuxStepPlan
+from kvmux.mux.guard import ChildGuard
+from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
 
 __all__ = ["MuxWorker", "TransferResult"]
 
 log = logging.getLogger("kvmux.mux")
 _FAILED: Any = object()  # what a guarded hook returns when the child raised or was skipped
 TransferResult = tuple[set[str], set[str], set[str]]  # sending, recving, failed recving
+Child = tuple[int, Any, ChildGuard]  # position, connector, guard
+LayerCall = tuple[int, Any]  # a child's position and whose per-layer hooks to call
+_NONE: tuple[Child, ...] = ()
+_NO_LAYER_CALLS: tuple[LayerCall, ...] = ()
+
+
+class _Trial:
+    """The per-layer hooks of a child whose breaker is not closed, through its guard."""
+
+    def __init__(self, worker: MuxWorker, i: int, child: Any):
+        self._worker, self._i, self._child = worker, i, child
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """The child's, guarded."""
+        self._worker.trial(
+            self._i, "wait_for_layer_load", self._child.wait_for_layer_load, layer_name
+        )
+
+    def save_kv_layer(self, *args: Any, **kwargs: Any) -> None:
+        """The child's, guarded."""
+        self._worker.trial(self._i, "save_kv_layer", self._child.save_kv_layer, *args, **kwargs)
 
 
 class MuxWorker:
@@ -31,24 +57,73 @@ class MuxWorker:
     ):
         self.children = children
         self.guards = guards
+        pairs = zip(children, guards, strict=True)
+        self._all: Sequence[Child] = [(i, c, g) for i, (c, g) in enumerate(pairs)]
         self._give_up_seconds = give_up_seconds  # how long a failing child's sends are held
         self._clock = clock
         self._silent_since: dict[int, float] = {}  # child -> when its reports started failing
         self.recving = FinishTracker()
         self.sending = FinishTracker()
-        self._step = MuxStepPlan()
-        self._loading = [False] * len(children)  # child takes part in this step's loads
-        self._saving = [False] * len(children)  # child takes part in this step's saves
-        self._bound = [False] * len(children)  # child holds this step's metadata
+        self._step = EMPTY_STEP  # read, never changed: a step with nothing in it is shared
+        # this step's children: holding its metadata, taking part in its loads, in its saves
+        # (each list is replaced, never changed, so a loop over it survives a failure)
+        self._bound: Sequence[Child] = _NONE
+        self._loaders: Sequence[Child] = _NONE
+        self._savers: Sequence[Child] = _NONE
         # children whose per-layer hooks do work (kvmux tiers copy whole steps instead)
-        self._layer_hooks = [bool(getattr(c, "kvmux_layer_hooks", True)) for c in children]
+        self._per_layer = [c for c in self._all if getattr(c[1], "kvmux_layer_hooks", True)]
+        # kvmux tiers: told which blocks failed in a sibling before they save (a tier
+        # knows its own failures), so only a step with loads and siblings needs it
+        self._droppers = [c for c in self._all if hasattr(c[1], "kvmux_drop_saves_over")]
+        self._siblings = len(self._all) > 1
+        self._every_layer_call = [(i, child) for i, child, _ in self._per_layer]
+        # whose wait_for_layer_load and save_kv_layer to call in this step
+        self.layer_loads: Sequence[LayerCall] = _NO_LAYER_CALLS
+        self.layer_saves: Sequence[LayerCall] = _NO_LAYER_CALLS
         self._load_errors: set[int] = set()
+        self._lost: set[int] = set()  # children whose loads of this step are lost
         self._done_recving: set[str] = set()
 
     def begin_step(self, plan: MuxStepPlan, child_metas: Sequence[Any | None]) -> None:
-        """Bind each live child's metadata; children left out lose their loads."""
+        """Bind each child's metadata; children unbound or cut off lose their loads."""
         self._step = plan
-        self._load_errors.update(plan.failed_blocks)
+        if self._lost:
+            self._lost = set()
+        if plan is not EMPTY_STEP:
+            if plan.failed_blocks:
+                self._load_errors.update(plan.failed_blocks)
+            if plan.async_loaders or plan.async_savers:
+                self._expect(plan)
+        left_out: dict[int, bool] | None = None  # child -> whether it is bound
+        cut = plan.cut_off
+        for i, child, guard in self._all:
+            meta = child_metas[i]
+            if meta is None:
+                left_out = left_out or {}
+                left_out[i] = False
+                continue
+            try:  # even past an open breaker: a cut-off child sees its step
+                child.bind_connector_metadata(meta)
+            except Exception as exc:
+                guard.fail("bind_connector_metadata", exc)
+                left_out = left_out or {}
+                left_out[i] = False
+                continue
+            if (cut and i in cut) or (not guard.closed and guard.cut_off()):
+                guard.note("skipped_calls")
+                left_out = left_out or {}
+                left_out[i] = True
+        if left_out is None:
+            self._bound = self._loaders = self._savers = self._all
+        else:
+            self._bound = [c for c in self._all if left_out.get(c[0], True)]
+            self._loaders = self._savers = [c for c in self._all if c[0] not in left_out]
+            for i in left_out:
+                self._lose_loads(i)
+        if self._per_layer:
+            self._pick_layer_calls()
+
+    def _expect(self, plan: MuxStepPlan) -> None:
         for req_id, children in plan.async_loaders.items():
             if children:
                 self.recving.expect(req_id, children)
@@ -56,98 +131,165 @@ class MuxWorker:
                 self._done_recving.add(req_id)
         for req_id, children in plan.async_savers.items():
             self.sending.expect(req_id, children)
-        for i, (child, meta) in enumerate(zip(self.children, child_metas, strict=True)):
-            bound = meta is not None and self.guards[i].call(
-                "bind_connector_metadata",
-                succeeded(child.bind_connector_metadata, meta),
-                False,
-                always=True,  # a cut-off child still sees its step (preemptions, its plan)
-            )
-            cut_off = i in plan.cut_off or self.guards[i].cut_off()
-            if bound and cut_off:
-                self.guards[i].counters["skipped_calls"] += 1
-            self._bound[i] = bool(bound)
-            self._loading[i] = self._saving[i] = bool(bound) and not cut_off
-            if not self._loading[i]:
-                self._lose_loads(i)
+
+    def _pick_layer_calls(self) -> None:
+        """The per-layer hooks of this step: live children whose layer hooks do work.
+
+        A child whose breaker is not closed (half-open: this is its trial) goes through
+        its guard (``_Trial``), so that a success closes the breaker.
+        """
+        if self._loaders is self._all and self._savers is self._all:
+            for _, _, guard in self._per_layer:
+                if not guard.closed:
+                    break
+            else:  # every child live, every breaker closed: the usual step
+                self.layer_loads = self.layer_saves = self._every_layer_call
+                return
+        loaders = {c[0] for c in self._loaders}
+        savers = {c[0] for c in self._savers}
+        loads: list[LayerCall] = []
+        saves: list[LayerCall] = []
+        for i, child, guard in self._per_layer:
+            callee = child if guard.closed else _Trial(self, i, child)
+            if i in loaders:
+                loads.append((i, callee))
+            if i in savers:
+                saves.append((i, callee))
+        self.layer_loads, self.layer_saves = loads, saves
+
+    def trial(self, i: int, hook: str, method: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        """A per-layer hook of a child whose breaker is not closed, through its guard."""
+        if self.guards[i].invoke(hook, method, args, _FAILED, kwargs=kw) is _FAILED:
+            self._layer_failed(i, hook)
 
     def _lose_loads(self, i: int) -> None:
         """Child ``i`` will not load this step: its blocks are errors, its async loads fail."""
-        self._loading[i] = False
-        lost = self._step.load_blocks.pop(i, [])
-        self.guards[i].counters["load_errors"] += len(lost)
-        self._load_errors.update(lost)
-        owed = [r for r, children in self._step.async_loaders.items() if i in children]
-        self._done_recving |= self.recving.report(i, owed, failed=True)
+        if i in self._lost:
+            return
+        self._lost.add(i)
+        lost = self._step.load_blocks.get(i)
+        if lost:
+            self.guards[i].note("load_errors", len(lost))
+            self._load_errors.update(lost)
+        if self._step.async_loaders:
+            owed = [r for r, children in self._step.async_loaders.items() if i in children]
+            self._done_recving |= self.recving.report(i, owed, failed=True)
 
-    def each_loading(
-        self,
-        hook: str,
-        args: tuple[Any, ...],
-        per_layer: bool = False,
-        kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        """Run a load hook on every child still loading this step."""
-        timer = None if per_layer else "load_seconds"
-        for i, child in enumerate(self.children):
-            if self._loading[i] and (self._layer_hooks[i] or not per_layer):
-                method = getattr(child, hook)
-                outcome = self.guards[i].invoke(hook, method, args, _FAILED, timer, kwargs)
-                if outcome is _FAILED:
-                    self._lose_loads(i)
-                    self._saving[i] = False
+    def _load_failed(self, i: int) -> None:
+        """Child ``i`` failed a load hook: it neither loads nor saves for the rest of the step."""
+        self._lose_loads(i)
+        self._loaders = [c for c in self._loaders if c[0] != i]
+        self._savers = [c for c in self._savers if c[0] != i]
+        if self._per_layer:
+            self._pick_layer_calls()
 
-    def each_saving(
-        self,
-        hook: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None = None,
-        per_layer: bool = False,
-    ) -> None:
-        """Run a save hook on every child still saving this step; a failure drops its saves."""
-        timer = None if per_layer else "save_seconds"
-        for i, child in enumerate(self.children):
-            if self._saving[i] and (self._layer_hooks[i] or not per_layer):
-                method = getattr(child, hook)
-                outcome = self.guards[i].invoke(hook, method, args, _FAILED, timer, kwargs)
+    def _save_failed(self, i: int) -> None:
+        """Child ``i`` failed a save hook: its saves of the step are dropped."""
+        self._savers = [c for c in self._savers if c[0] != i]
+        self.guards[i].note("save_errors")
+        if self._per_layer:
+            self._pick_layer_calls()
+
+    def start_loads(self, forward_context: Any, kwargs: dict[str, Any]) -> None:
+        """``start_load_kv`` on every child loading this step, timed."""
+        clock = time.perf_counter
+        started = clock()  # each child's time ends where the next one's starts
+        for i, child, guard in self._loaders:
+            if not guard.closed:
+                args = (forward_context,)
+                method = child.start_load_kv
+                outcome = guard.invoke(
+                    "start_load_kv", method, args, _FAILED, "load_seconds", kwargs
+                )
                 if outcome is _FAILED:
-                    self._saving[i] = False
-                    self.guards[i].counters["save_errors"] += 1
+                    self._load_failed(i)
+                started = clock()
+                continue
+            try:
+                child.start_load_kv(forward_context, **kwargs)
+            except Exception as exc:
+                guard.fail("start_load_kv", exc)
+                self._load_failed(i)
+            ended = clock()
+            guard.load_seconds += ended - started
+            started = ended
+
+    def layer_failed(self, i: int, hook: str, exc: Exception) -> None:
+        """Child ``i`` raised ``exc`` in a per-layer hook (a loop over ``layer_loads`` or
+        ``layer_saves`` calls each child's hook, guarded, and comes here if it raised)."""
+        self.guards[i].fail(hook, exc)
+        self._layer_failed(i, hook)
+
+    def _layer_failed(self, i: int, hook: str) -> None:
+        if hook == "save_kv_layer":
+            self._save_failed(i)
+        else:
+            self._load_failed(i)
+
+    def save(self) -> None:
+        """Settle the loads (``settle_loads``), then ``wait_for_save`` on every child saving
+        this step, timed; a failure drops the child's saves."""
+        if self._droppers and (self._load_errors or (self._step.load_blocks and self._siblings)):
+            self.settle_loads()
+        clock = time.perf_counter
+        started = clock()  # each child's time ends where the next one's starts
+        for i, child, guard in self._savers:
+            if not guard.closed:
+                method = child.wait_for_save
+                if guard.invoke("wait_for_save", method, (), _FAILED, "save_seconds") is _FAILED:
+                    self._save_failed(i)
+                started = clock()
+                continue
+            try:
+                child.wait_for_save()
+            except Exception as exc:
+                guard.fail("wait_for_save", exc)
+                self._save_failed(i)
+            ended = clock()
+            guard.save_seconds += ended - started
+            started = ended
 
     def end_step(self) -> None:
         """Unbind every child that was bound."""
-        for i, child in enumerate(self.children):
-            if self._bound[i]:  # even past an open breaker: the child must not keep stale metadata
-                try:
-                    child.clear_connector_metadata()
-                except Exception as exc:
-                    self.guards[i].fail("clear_connector_metadata", exc)
-        self._loading = [False] * len(self.children)
-        self._saving = [False] * len(self.children)
-        self._bound = [False] * len(self.children)
+        for _, child, guard in self._bound:  # even past an open breaker: no stale metadata
+            try:
+                child.clear_connector_metadata()
+            except Exception as exc:
+                guard.fail("clear_connector_metadata", exc)
+        self._bound = self._loaders = self._savers = _NONE
+        self.layer_loads = self.layer_saves = _NO_LAYER_CALLS
 
-    def transfer_results(self, finished_req_ids: set[str]) -> TransferResult:
-        """Each request finished once, after every child that owes it reported."""
-        sending: set[str] = set()
-        recving, self._done_recving = self._done_recving, set()
-        for i, child in enumerate(self.children):
-            result = self.guards[i].call(
-                "get_transfer_results",
-                partial(child.get_transfer_results, finished_req_ids),
-                None,
-                always=True,  # never skipped: only the child knows when its transfers end
-            )
-            if result is None:  # it raised: its loads are failed (recomputed)
+    def transfer_results(self, finished_req_ids: set[str], into: TransferResult) -> None:
+        """Each request finished once, after every child that owes it reported: added to
+        ``into`` (sending, recving, failed recving)."""
+        sending, recving, failed_into = into
+        if self._done_recving:
+            recving |= self._done_recving
+            self._done_recving = set()
+        for i, child, guard in self._all:
+            try:  # never skipped: only the child knows when its transfers end
+                result = child.get_transfer_results(finished_req_ids)
+                failed_recving, finished_recving = result.failed_recving, result.finished_recving
+                finished_sending = result.finished_sending
+            except Exception as exc:  # its loads are failed (recomputed)
+                guard.fail("get_transfer_results", exc)
                 recving |= self.recving.abandon_child(i)
                 sending |= self._sends_given_up(i)
                 continue
-            self._silent_since.pop(i, None)
-            failed = set(result.failed_recving)
-            recving |= self.recving.report(i, failed, failed=True)
-            recving |= self.recving.report(i, set(result.finished_recving) - failed)
-            sending |= self.sending.report(i, result.finished_sending)
-        self.sending.take_failed(sending)  # a failed save is only a future miss
-        return sending, recving, self.recving.take_failed(recving)
+            if self._silent_since:
+                self._silent_since.pop(i, None)
+            if failed_recving:
+                failed = set(failed_recving)
+                recving |= self.recving.report(i, failed, failed=True)
+                recving |= self.recving.report(i, set(finished_recving) - failed)
+            elif finished_recving:
+                recving |= self.recving.report(i, finished_recving)
+            if finished_sending:
+                sending |= self.sending.report(i, finished_sending)
+        if sending:
+            self.sending.take_failed(sending)  # a failed save is only a future miss
+        if recving:
+            failed_into |= self.recving.take_failed(recving)
 
     def _sends_given_up(self, i: int) -> set[str]:
         """Sends of a child that cannot report: held until it has failed for a while.
@@ -169,34 +311,49 @@ class MuxWorker:
             )
         return given_up
 
-    def _gather_load_errors(self) -> set[int]:
-        """Every child's load errors so far, added to the mux's own; returns them all."""
-        for i, child in enumerate(self.children):
-            self._load_errors |= self.guards[i].call(
-                "get_block_ids_with_load_errors",
-                child.get_block_ids_with_load_errors,
-                set(),
-                always=True,
-            )
-        return self._load_errors
+    def _gather_load_errors(self, children: Sequence[Child]) -> set[int]:
+        """``children``'s load errors so far, added to the mux's own; returns them all."""
+        errors = self._load_errors
+        for _, child, guard in children:
+            try:
+                found = child.get_block_ids_with_load_errors()
+            except Exception as exc:
+                guard.fail("get_block_ids_with_load_errors", exc)
+                continue
+            if found:
+                errors.update(found)
+        return errors
 
     def settle_loads(self) -> None:
         """Before any child saves: tell kvmux tiers which blocks failed to load in any child.
 
         The forward pass computed later blocks over those, so no tier may save them; the
-        engine recomputes them and they are saved then.
+        engine recomputes them and they are saved then. Only this step's loaders are asked,
+        and ``save`` skips this where it cannot matter (no kvmux tier; or no load of a
+        sibling and none failed for the mux): every child's load errors are gathered
+        afterwards anyway, in ``load_errors``.
         """
-        failed = self._gather_load_errors()
+        loading = self._step.load_blocks
+        failed = self._gather_load_errors([c for c in self._all if c[0] in loading])
         if not failed:
             return
-        for i, child in enumerate(self.children):
+        for _, child, guard in self._savers:
             drop = getattr(child, "kvmux_drop_saves_over", None)
-            if drop is not None and self._saving[i]:
-                call = partial(drop, set(failed))
-                self.guards[i].call("kvmux_drop_saves_over", call, None, always=True)
+            if drop is not None:
+                try:
+                    drop(set(failed))
+                except Exception as exc:
+                    guard.fail("kvmux_drop_saves_over", exc)
 
     def load_errors(self) -> set[int]:
         """Blocks that failed to load this step, from any child or from the mux itself."""
-        errors = self._gather_load_errors()
-        self._load_errors = set()
+        errors, self._load_errors = self._load_errors, set()
+        for _, child, guard in self._all:  # _gather_load_errors, without the call
+            try:
+                found = child.get_block_ids_with_load_errors()
+            except Exception as exc:
+                guard.fail("get_block_ids_with_load_errors", exc)
+                continue
+            if found:
+                errors.update(found)
         return errors

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["Contribution", "Offer", "select"]
+__all__ = ["SCORE_CAPS", "Answer", "Contribution", "Offer", "best_offer", "select"]
 
 
-@dataclass(frozen=True)
-class Offer:
+class Offer(NamedTuple):
     """A child's answer to a lookup starting at ``start``."""
 
     start: int  # first token the child would load
@@ -17,8 +17,7 @@ class Offer:
     is_async: bool  # whether it loads between steps
 
 
-@dataclass(frozen=True)
-class Contribution:
+class Contribution(NamedTuple):
     """One child loading one contiguous range of the request's tokens."""
 
     child: int
@@ -34,28 +33,29 @@ class Contribution:
 
 # ask(child, start) -> the child's offer, or None while it is still looking
 Ask = Callable[[int, int], Offer | None]
+# a child's (tokens, is_async) from the computed tokens on
+Answer = tuple[int, bool]
+
+# ``first`` and ``longest`` ask every child from the computed tokens on and pick the best
+# offer, the earlier child on ties: an offer of ``tokens`` scores ``min(tokens, cap)``
+# (``first``: any offer scores 1, so the first one wins; ``longest``: the most tokens win)
+SCORE_CAPS: dict[str, int] = {"first": 1, "longest": sys.maxsize}
 
 
-def _first(ask: Ask, count: int, start: int) -> list[Contribution] | None:
-    offers = [ask(i, start) for i in range(count)]
-    known = [o for o in offers if o is not None]
-    if len(known) < count:
-        return None
-    for i, offer in enumerate(known):
-        if offer.tokens > 0:
-            return [Contribution(i, start, offer.tokens, offer.is_async)]
-    return []
+def best_offer(cap: int, answers: Sequence[Answer], start: int) -> list[Contribution]:
+    """The contribution of the best-scoring offer (see ``SCORE_CAPS``); none if none scores.
 
-
-def _longest(ask: Ask, count: int, start: int) -> list[Contribution] | None:
-    offers = [ask(i, start) for i in range(count)]
-    known = [o for o in offers if o is not None]
-    if len(known) < count:
-        return None
-    best = max(range(count), key=lambda i: (known[i].tokens, -i), default=None)
-    if best is None or known[best].tokens <= 0:
+    MuxScheduler applies the same rule inline, in the loop that asks the children.
+    """
+    best, top = -1, 0
+    for i, (tokens, _) in enumerate(answers):
+        score = tokens if tokens < cap else cap
+        if score > top:
+            best, top = i, score
+    if best < 0:
         return []
-    return [Contribution(best, start, known[best].tokens, known[best].is_async)]
+    tokens, is_async = answers[best]
+    return [Contribution(best, start, tokens, is_async)]
 
 
 def _compose(
@@ -86,13 +86,14 @@ def select(
     ``offset_capable[i]`` says whether child ``i`` can load a range that starts past the
     computed tokens; other children take part in ``compose`` only as the first contributor.
     A later contributor starts only on a block boundary: where a child's range ends inside
-    a block, ``compose`` stops there.
+    a block, ``compose`` stops there. Policies in ``SCORE_CAPS`` ask every child at ``start``.
     """
-    count = len(offset_capable)
-    if policy == "first":
-        return _first(ask, count, start)
-    if policy == "longest":
-        return _longest(ask, count, start)
+    cap = SCORE_CAPS.get(policy)
+    if cap is not None:
+        offers = [ask(i, start) for i in range(len(offset_capable))]
+        if None in offers:
+            return None
+        return best_offer(cap, [(o.tokens, o.is_async) for o in offers if o is not None], start)
     if policy == "compose":
         return _compose(ask, offset_capable, start, block_size)
     raise ValueError(f"unknown policy {policy!r}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kvmux.keys import BlockKey
 
-__all__ = ["BlockTransfer", "TierStepPlan"]
+__all__ = ["BlockTransfer", "RequestLoad", "TierStepPlan"]
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,30 @@ class BlockTransfer:
     group: int = 0  # KV cache group whose layers the block holds
 
 
+@dataclass(frozen=True)
+class RequestLoad:
+    """One request's asynchronous load: it runs off the forward path while the request waits.
+
+    The workers read and copy its blocks on loader threads and report the request once,
+    when every block is in place or failed (``TierWorker.finished_loads``).
+    """
+
+    req_id: str
+    start: int  # position (block index in the prompt) of the first block loaded
+    positions: tuple[tuple[BlockTransfer, ...], ...]  # per position from start: each group's block
+
+    @property
+    def transfers(self) -> list[BlockTransfer]:
+        """Every block of the load, position by position."""
+        return [t for position in self.positions for t in position]
+
+
 @dataclass
 class TierStepPlan:
     """Loads to run before the forward pass, saves and evictions after it.
+
+    ``async_loads`` are started this step and run off the forward path; their requests
+    are not scheduled until the workers report them finished.
 
     ``tables`` holds, for every request with saves this step, its block ids up to its last
     planned save, position by position (with several KV cache groups, every group's block
@@ -30,6 +51,7 @@ class TierStepPlan:
     """
 
     loads: list[BlockTransfer] = field(default_factory=list)
+    async_loads: list[RequestLoad] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
     evictions: list[BlockKey] = field(default_factory=list)
     tables: dict[str, list[int]] = field(default_factory=dict)  # req id -> its block ids

@@ -6,6 +6,10 @@ entry (``kvmux.keys.group_key``). A full-attention group needs every block below
 a sliding-window group only the blocks inside the window of the hit's next token, and
 the engine hands the null block for its positions outside the window: those are never
 loaded nor saved.
+
+Loads are synchronous (the workers copy them in before the forward pass that reads
+them) or asynchronous: each request's load is a ``RequestLoad`` that runs off the
+forward path while vLLM holds the request back, until the workers report it finished.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from kvmux.keys import BlockKey, block_keys, generation_namespace, group_key
 from kvmux.metrics import TierStats
 from kvmux.tier.index import TierView
-from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
 
 __all__ = ["NULL_BLOCK", "ScheduledRequest", "TierScheduler"]
 
@@ -52,6 +56,7 @@ class TierScheduler:
         namespace: bytes,
         stats: TierStats,
         windows: Sequence[int | None] = (None,),
+        async_loads: bool = False,
     ):
         self._view = view
         self._block_size = block_size
@@ -59,7 +64,9 @@ class TierScheduler:
         self._stats = stats
         self._windows = tuple(windows)  # per group: None (full attention) or window tokens
         self._requests: dict[str, _RequestState] = {}
+        self._async_loads = async_loads  # each request's load runs off the forward path
         self._pending_loads: list[BlockTransfer] = []
+        self._pending_async: list[RequestLoad] = []
 
     def _state(
         self, req_id: str, prompt: Sequence[int], extras: Sequence[bytes] | None
@@ -150,7 +157,11 @@ class TierScheduler:
     def on_alloc(
         self, req_id: str, block_ids: Sequence[Sequence[int]], num_external_tokens: int
     ) -> None:
-        """Plan the load of the blocks the last lookup promised (``block_ids``: per group)."""
+        """Plan the load of the blocks the last lookup promised (``block_ids``: per group).
+
+        vLLM calls this again for a request whose load was asynchronous, once it is
+        scheduled, with no external tokens: there is no lookup to act on then.
+        """
         state = self._requests.get(req_id)
         if state is None or state.lookup is None:
             return
@@ -160,15 +171,35 @@ class TierScheduler:
         if num_external_tokens <= 0:
             return
         start = num_computed // self._block_size
-        count = num_external_tokens // self._block_size
-        for index in range(start, start + count):
-            for group, table in enumerate(block_ids):
-                block = self._block_at(group, table, index)
-                if block is not None:
-                    self._pending_loads.append(
-                        BlockTransfer(state.keys[group][index], block, group)
-                    )
-        state.load = range(start, start + count)
+        load = range(start, start + num_external_tokens // self._block_size)
+        positions = tuple(self._transfers_at(state, block_ids, index) for index in load)
+        if self._async_loads:
+            self._pending_async.append(RequestLoad(req_id, start, positions))
+        else:
+            self._pending_loads.extend(t for position in positions for t in position)
+        state.load = load
+
+    def _transfers_at(
+        self, state: _RequestState, block_ids: Sequence[Sequence[int]], index: int
+    ) -> tuple[BlockTransfer, ...]:
+        """Every group's real block at position ``index``, with its key."""
+        transfers = []
+        for group, table in enumerate(block_ids):
+            block = self._block_at(group, table, index)
+            if block is not None:
+                transfers.append(BlockTransfer(state.keys[group][index], block, group))
+        return tuple(transfers)
+
+    def failed_load(self, req_id: str, position: int) -> None:
+        """The request's load failed at block ``position``: never offer it from there again.
+
+        vLLM looks a request up again after a failed asynchronous load that left it
+        nothing; offering the same blocks again could fail for ever (an entry that reads
+        but never verifies). Blocks below ``position`` may still be offered.
+        """
+        state = self._requests.get(req_id)
+        if state is not None:
+            state.max_hit_blocks = min(state.max_hit_blocks, position)
 
     def _block_at(self, group: int, table: Sequence[int], index: int) -> int | None:
         """Group ``group``'s block at position ``index``; None outside a sliding window."""
@@ -180,8 +211,8 @@ class TierScheduler:
 
     def build(self, scheduled: Iterable[ScheduledRequest]) -> TierStepPlan:
         """The step's plan: pending loads, plus saves of every newly full prompt block."""
-        plan = TierStepPlan(loads=self._pending_loads)
-        self._pending_loads = []
+        plan = TierStepPlan(loads=self._pending_loads, async_loads=self._pending_async)
+        self._pending_loads, self._pending_async = [], []
         for request in scheduled:
             state = self._requests.get(request.req_id)
             if state is None:
@@ -214,7 +245,11 @@ class TierScheduler:
         done = request.num_computed_tokens + request.num_scheduled_tokens
         allocated = min((len(ids) for ids in request.block_ids), default=0)
         full = min(done // self._block_size, len(state.keys[0]), allocated)
+        # blocks just loaded are held; past the computed tokens, a failed load is recomputed
         loaded = state.load or range(0)
+        loaded = range(
+            loaded.start, min(loaded.stop, request.num_computed_tokens // self._block_size)
+        )
         state.load = None
         saves = []
         for index in range(state.saved_upto, full):

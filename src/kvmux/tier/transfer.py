@@ -8,14 +8,16 @@ copies of device memory go through pinned buffers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
+import numpy
 import torch
 
 from kvmux.codec import DecodedEntry, LayerSpec
 from kvmux.errors import CorruptEntry
 
-__all__ = ["BlockMover"]
+__all__ = ["BlockMover", "CopyStream"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -79,8 +81,45 @@ class BlockMover:
         for tensor, dim, spec, offset in zip(
             self._layers, self._dims, self.layer_specs, offsets, strict=True
         ):
+            target = tensor.select(dim, block_id)
+            if target.device.type == "cpu" and target.stride(-1) == 1:
+                _host_copy(target, entry.payload, offset)
+                continue
             raw = torch.frombuffer(
                 entry.payload, dtype=torch.uint8, count=spec.nbytes, offset=offset
             )
-            source = raw.view(_DTYPES[spec.dtype]).view(spec.shape)
-            tensor.select(dim, block_id).copy_(source)
+            target.copy_(raw.view(_DTYPES[spec.dtype]).view(spec.shape))
+
+
+def _host_copy(target: torch.Tensor, payload: memoryview, offset: int) -> None:
+    """Copy a layer's bytes into ``target`` (host memory) on this thread alone.
+
+    A plain memory copy that releases the GIL: torch's ``copy_`` splits a block into
+    OpenMP tasks, and on a machine whose cores run the forward pass those tasks wait for
+    busy cores (a 256 KiB block took 2 to 7 ms instead of about 40 us).
+    """
+    destination = target.view(torch.uint8).numpy()
+    source = numpy.frombuffer(payload, numpy.uint8, destination.size, offset)
+    numpy.copyto(destination, source.reshape(destination.shape))
+
+
+class CopyStream:
+    """Where a loader thread's copies into the KV cache run, off the forward pass.
+
+    On the CPU a copy is done when ``copy_`` returns (torch releases the GIL meanwhile).
+    On CUDA the copies go to a stream of their own, not the forward pass's, and leaving
+    ``active`` waits for them: a load is reported finished only once its blocks are in.
+    """
+
+    def __init__(self, device: torch.device):
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # type: ignore[no-untyped-call]
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the copies made inside on this stream; wait for them on the way out."""
+        if self._stream is None:
+            yield
+            return
+        with torch.cuda.stream(self._stream):
+            yield
+        self._stream.synchronize()

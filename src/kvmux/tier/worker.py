@@ -1,4 +1,8 @@
-"""Worker-side half of a tier: runs a step's loads and hands its saves to a writer thread."""
+"""Worker-side half of a tier: runs a step's loads and hands its saves to a writer thread.
+
+Synchronous loads are copied in before the forward pass that reads them; asynchronous
+ones run on an ``AsyncLoader`` (``tier/loader.py``) while the engine keeps stepping.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
-from kvmux.tier.plan import BlockTransfer, TierStepPlan
-from kvmux.tier.transfer import BlockMover
+from kvmux.tier.loader import AsyncLoader, FinishedLoads
+from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
+from kvmux.tier.transfer import BlockMover, CopyStream
 
-__all__ = ["TierWorker"]
+__all__ = ["FinishedLoads", "TierWorker"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,7 +73,12 @@ class TierWorker:
         self._stats = stats
         self._movers: list[BlockMover] = []  # one per KV cache group
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"kvmux-{store.name}-save")
-        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"kvmux-{store.name}-load")
+        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"kvmux-{store.name}-read")
+        # one loader thread reads a request's entries in turn: reader threads would only
+        # take more of the cores the forward pass runs on
+        self._loader = AsyncLoader(
+            partial(self._load_blocks, parallel=False), self._bytes_of, store.name
+        )
         self._pending: dict[bytes, Future[None]] = {}
         self._pending_lock = threading.Lock()
         self._save_queue = save_queue  # bound of host bytes copied out and not yet written
@@ -98,6 +108,10 @@ class TierWorker:
         layers_of = [kv_caches] if groups is None else [_only(kv_caches, g) for g in groups]
         self._movers = [BlockMover(layers, num_blocks) for layers in layers_of]
         self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
+        if self._movers:
+            device = self._movers[0].device
+            host = sum(self._group_bytes) if device.type == "cpu" else None
+            self._loader.use(CopyStream(device), host)
 
     def _skey(self, key: BlockKey) -> bytes:
         return store_key(key, self._rank)
@@ -114,29 +128,55 @@ class TierWorker:
         self._failed_this_step = set()  # a new step: what failed before is settled
         if not loads or not self._movers:
             return
+        landed = self._load_blocks(loads)
+        failed = {t.block_id for t, ok in zip(loads, landed, strict=True) if not ok}
+        self._load_errors |= failed
+        self._failed_this_step |= failed
+
+    def _load_blocks(self, transfers: Sequence[BlockTransfer], parallel: bool = True) -> list[bool]:
+        """Read, verify and copy in each block; whether each landed (failures counted)."""
         started = time.perf_counter()
-        keys = [self._skey(t.key) for t in loads]
-        failed = 0
-        for data, transfer, skey in zip(self._fetch_all(keys), loads, keys, strict=True):
-            if data is None or not self._install(transfer, skey, data):
-                self._load_errors.add(transfer.block_id)
-                self._failed_this_step.add(transfer.block_id)
+        keys = [self._skey(t.key) for t in transfers]
+        landed = []
+        entries = self._fetch_all(keys, parallel)
+        for data, transfer, skey in zip(entries, transfers, keys, strict=True):
+            ok = data is not None and self._install(transfer, skey, data)
+            if not ok:
                 self._report_missing([transfer.key])
-                failed += 1
+            landed.append(ok)
         self._stats.add(
-            loaded_blocks=len(loads) - failed,
-            load_errors=failed,
+            loaded_blocks=sum(landed),
+            load_errors=len(landed) - sum(landed),
             load_seconds=time.perf_counter() - started,
         )
+        return landed
 
-    def _fetch_all(self, skeys: list[bytes]) -> list[bytes | None]:
-        """Every entry, after any queued save of it; a failed read is a miss."""
+    def start_loads(self, loads: Sequence[RequestLoad]) -> None:
+        """Start each request's load on a loader thread; ``finished_loads`` reports it."""
+        self._loader.start(loads)
+
+    def finished_loads(self, finished_req_ids: Iterable[str] = ()) -> FinishedLoads:
+        """Asynchronous loads that ended since the last call, each request exactly once.
+
+        ``finished_req_ids`` are requests the engine finished or aborted: their loads
+        stop at the next batch, and their failures are not reported (nothing runs on them).
+        """
+        return self._loader.finished(finished_req_ids)
+
+    def _fetch_all(self, skeys: list[bytes], parallel: bool = True) -> list[bytes | None]:
+        """Every entry, after any queued save of it; a failed read is a miss.
+
+        A store whose reads block on I/O is read key by key (on reader threads if
+        ``parallel``); a batched store in one ``get_many``.
+        """
         with self._pending_lock:
             pending = {self._pending[k] for k in skeys if k in self._pending}
         for future in pending:
             future.exception()  # waits; a failed save is simply a miss
         if self._store.parallel_reads:
-            return list(self._readers.map(self._fetch, skeys))
+            return list(
+                self._readers.map(self._fetch, skeys) if parallel else map(self._fetch, skeys)
+            )
         return self._guarded("get", self._store.get_many, skeys, [None] * len(skeys))
 
     def _fetch(self, skey: bytes) -> bytes | None:
@@ -332,7 +372,8 @@ class TierWorker:
         self._writer.submit(lambda: None).result()
 
     def close(self) -> None:
-        """Finish queued saves and release threads and the store."""
+        """Stop loads, finish queued saves and release threads and the store."""
+        self._loader.close()
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         self._store.close()

@@ -25,14 +25,18 @@ class StoreConnectorMetadata(KVConnectorMetadata):
 
 @dataclass
 class StoreWorkerMetadata(KVConnectorWorkerMetadata):
-    """Keys the workers could not load, sent back to the scheduler."""
+    """Keys the workers could not load, and where asynchronous loads failed, for the scheduler."""
 
     missing: set[BlockKey] = field(default_factory=set)
+    failed_loads: dict[str, int] = field(default_factory=dict)  # request -> first failed position
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        """Union of the missing keys of several workers."""
+        """Union of the missing keys of several workers; each request's earliest failure."""
         assert isinstance(other, StoreWorkerMetadata)
-        return StoreWorkerMetadata(self.missing | other.missing)
+        failed = dict(self.failed_loads)
+        for req_id, position in other.failed_loads.items():
+            failed[req_id] = min(position, failed.get(req_id, position))
+        return StoreWorkerMetadata(self.missing | other.missing, failed)
 
 
 @dataclass

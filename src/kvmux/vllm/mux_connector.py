@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,7 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvmux.errors import ConfigError
-from kvmux.mux.guard import ChildGuard
+from kvmux.mux.guard import ChildGuard, Notices
 from kvmux.mux.scheduler import MuxScheduler
 from kvmux.mux.worker import MuxWorker
 from kvmux.policies.breaker import CircuitBreaker
@@ -48,7 +47,25 @@ if TYPE_CHECKING:
 __all__ = ["MuxConnector"]
 
 log = logging.getLogger("kvmux.mux")
+Child = tuple[int, KVConnectorBase_V1, ChildGuard]  # position, connector, guard
+_NOT_FINISHED: tuple[bool, None] = (False, None)  # request_finished of a child that raised
 STATS_LOG_SECONDS = 60.0
+# hooks whose KVConnectorBase_V1 implementation does nothing and returns a constant, and
+# whose answers MuxConnector does not keep per child: a child that does not override one
+# is not called for it
+BASE_NO_OPS = (
+    "on_new_request",
+    "update_connector_output",
+    "take_events",
+    "has_pending_block_frees",
+    "has_pending_push_work",
+    "get_kv_connector_kv_cache_events",
+    "finish_forward",
+    "reset_capture_state",
+)
+# the mux's own counters go out at most this often (at once after an error or a breaker
+# change); they are exact, only reported later. Children's own stats go out every step.
+COUNTERS_SECONDS = 1.0
 
 
 class MuxConnector(KVConnectorBase_V1, SupportsHMA):
@@ -66,13 +83,14 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self._children: list[KVConnectorBase_V1] = []
         self._guards: list[ChildGuard] = []
         self._child_paths: dict[str, str] = {}  # label: connector class, for stats
+        self._notices = Notices()  # something to report at once, from any child's guard
         children = child_classes(vllm_config)
         _refuse_hybrid_without_hma(children, kv_cache_config)
         for label, cls, temp in children:
             self._children.append(cls(temp, role, kv_cache_config))
             self._child_paths[label] = connector_path(cls)
             breaker = CircuitBreaker(self.config.breaker_seconds, self.config.breaker_max_seconds)
-            self._guards.append(ChildGuard(label, breaker))
+            self._guards.append(ChildGuard(label, breaker, self._notices))
         offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
         block_size = int(vllm_config.cache_config.block_size)
         self._scheduler = MuxScheduler(
@@ -81,8 +99,13 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker = MuxWorker(
             self._children, self._guards, give_up_seconds=self.config.breaker_max_seconds
         )
-        self._meta: MuxMetadata | None = None
+        self._pairs = list(zip(self._children, self._guards, strict=True))
+        self._all = [(i, c, g) for i, (c, g) in enumerate(self._pairs)]
+        # per hook whose base implementation does nothing: the children that override it
+        self._callers = {hook: _overriding(self._all, hook) for hook in BASE_NO_OPS}
+        self._stats_sources = [(c, g, self._child_paths[g.label]) for c, g in self._pairs]
         self._last_stats_log = time.monotonic()
+        self._counters_due = 0.0  # when the mux's own counters are next reported
         prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         labels = ", ".join(g.label for g in self._guards)
         log.info("kvmux MuxConnector (%s, policy %s): %s", role.name, self.config.policy, labels)
@@ -92,12 +115,22 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         """The child connectors, in load order."""
         return list(self._children)
 
-    def _each(self, hook: str, call: Any, default: Any = None) -> list[Any]:
+    def _each(self, hook: str, *args: Any, default: Any = None) -> list[Any]:
+        """``child.<hook>(*args)`` of every child, each guarded (``default`` if it raised);
+        run even past an open breaker. A hook in ``BASE_NO_OPS`` reaches only the children
+        that override it (the others' would do nothing)."""
+        results = []
+        for _, child, guard in self._callers.get(hook, self._all):
+            try:
+                results.append(getattr(child, hook)(*args))
+            except Exception as exc:
+                guard.fail(hook, exc)
+                results.append(default)
+        return results
+
+    def _each_call(self, hook: str, call: Any, default: Any = None) -> list[Any]:
         """``call(child)`` for every child, each guarded; run even past an open breaker."""
-        return [
-            g.invoke(hook, call, (c,), default, always=True)
-            for c, g in zip(self._children, self._guards, strict=True)
-        ]
+        return [g.invoke(hook, call, (c,), default, always=True) for c, g in self._pairs]
 
     # -- properties and class-level queries -------------------------------------
 
@@ -196,19 +229,25 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         """Bind the cache manager to every child (each binds the block pool itself, once)."""
         self._kv_cache_manager = kv_cache_manager
-        self._each("bind_kv_cache_manager", lambda c: c.bind_kv_cache_manager(kv_cache_manager))
+        self._each("bind_kv_cache_manager", kv_cache_manager)
 
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
         """Bind the engine's block pool to every child."""
-        self._each("bind_gpu_block_pool", lambda c: c.bind_gpu_block_pool(gpu_block_pool))
+        self._each("bind_gpu_block_pool", gpu_block_pool)
 
     def on_new_request(self, request: Request) -> None:
-        """Tell every child about a new request."""
-        self._each("on_new_request", lambda c: c.on_new_request(request))
+        """Tell every child about a new request (every child that listens: see BASE_NO_OPS)."""
+        for _, child, guard in self._callers["on_new_request"]:
+            try:
+                child.on_new_request(request)
+            except Exception as exc:
+                guard.fail("on_new_request", exc)
 
     def may_load_async(self, request: Request) -> bool:
         """(vLLM 0.34+) True if any child may load the request asynchronously."""
-        return any(self._each("may_load_async", lambda c: bool(c.may_load_async(request)), False))
+        return any(
+            self._each_call("may_load_async", lambda c: bool(c.may_load_async(request)), False)
+        )
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -231,8 +270,12 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, num_external_tokens: int
     ) -> dict[Any, int]:
         """Hit sources summed over the contributors."""
+        plan = self._scheduler.plans.get(request.request_id, ())
+        if len(plan) == 1:
+            loader, _, tokens, _ = plan[0]
+            return self._children[loader].get_external_cache_hit_sources(request, tokens)
         sources: dict[Any, int] = {}
-        for c in self._scheduler.contributions(request.request_id):
+        for c in plan:
             for source, count in (
                 self._children[c.child].get_external_cache_hit_sources(request, c.tokens).items()
             ):
@@ -247,29 +290,37 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """Children's metadata in order plus the mux's own plan."""
-        metas = tuple(
-            self._each("build_connector_meta", lambda c: c.build_connector_meta(scheduler_output))
-        )
-        return MuxMetadata(metas, self._scheduler.take_step(metas))
+        metas: list[KVConnectorMetadata | None] = []
+        for child, guard in self._pairs:  # every child builds, even past an open breaker
+            try:
+                metas.append(child.build_connector_meta(scheduler_output))
+            except Exception as exc:
+                guard.fail("build_connector_meta", exc)
+                metas.append(None)
+        return MuxMetadata(tuple(metas), self._scheduler.take_step(metas))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Hand each child its own worker metadata; open breakers the workers opened."""
         meta = connector_output.kv_connector_worker_meta
-        parts = (
-            meta.children if isinstance(meta, MuxWorkerMetadata) else (None,) * len(self._children)
-        )
+        if meta is None:  # nothing from the workers: each child sees None too
+            for _, child, guard in self._callers["update_connector_output"]:
+                try:
+                    child.update_connector_output(connector_output)
+                except Exception as exc:
+                    guard.fail("update_connector_output", exc)
+            return
+        parts: tuple[KVConnectorWorkerMetadata | None, ...] | None = None
         if isinstance(meta, MuxWorkerMetadata):
+            parts = meta.children
             for i in meta.open_children:
-                self._guards[i].breaker.force_open(self.config.breaker_seconds)
+                self._guards[i].force_open(self.config.breaker_seconds)
         try:
-            for i, child in enumerate(self._children):
-                connector_output.kv_connector_worker_meta = parts[i]
-                self._guards[i].call(
-                    "update_connector_output",
-                    partial(child.update_connector_output, connector_output),
-                    None,
-                    always=True,
-                )
+            for i, child, guard in self._callers["update_connector_output"]:
+                connector_output.kv_connector_worker_meta = None if parts is None else parts[i]
+                try:
+                    child.update_connector_output(connector_output)
+                except Exception as exc:
+                    guard.fail("update_connector_output", exc)
         finally:
             connector_output.kv_connector_worker_meta = meta
 
@@ -277,9 +328,13 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         """Hold the blocks until every async-saving child finished; merge transfer params."""
-        results = self._each(
-            "request_finished", lambda c: c.request_finished(request, block_ids), (False, None)
-        )
+        results: list[tuple[bool, dict[str, Any] | None]] = []
+        for child, guard in self._pairs:
+            try:
+                results.append(child.request_finished(request, block_ids))
+            except Exception as exc:
+                guard.fail("request_finished", exc)
+                results.append(_NOT_FINISHED)
         return self._scheduler.finished(request.request_id, results)
 
     def request_finished_all_groups(
@@ -292,7 +347,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
                 return c.request_finished_all_groups(request, block_ids)  # type: ignore[no-any-return]
             return c.request_finished(request, block_ids[0])  # type: ignore[no-any-return]
 
-        results = self._each("request_finished_all_groups", finish, (False, None))
+        results = self._each_call("request_finished_all_groups", finish, (False, None))
         return self._scheduler.finished(request.request_id, results)
 
     def register_finished_partial_tail(
@@ -302,37 +357,45 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         return any(
             self._each(
                 "register_finished_partial_tail",
-                lambda c: c.register_finished_partial_tail(
-                    request, block_ids, partial_tail_offloads
-                ),
-                False,
+                request,
+                block_ids,
+                partial_tail_offloads,
+                default=False,
             )
         )
 
     def take_events(self) -> Iterable[Any]:
         """Events of every child."""
-        for events in self._each("take_events", lambda c: list(c.take_events()), []):
-            yield from events
+        callers = self._callers["take_events"]
+        if not callers:
+            return ()
+        found: list[Any] = []
+        for _, child, guard in callers:
+            try:
+                found.extend(child.take_events())
+            except Exception as exc:
+                guard.fail("take_events", exc)
+        return found
 
     def has_pending_block_frees(self) -> bool:
         """True if any child will free blocks soon."""
-        return any(
-            self._each("has_pending_block_frees", lambda c: c.has_pending_block_frees(), False)
-        )
+        if not self._callers["has_pending_block_frees"]:
+            return False
+        return any(self._each("has_pending_block_frees", default=False))
 
     def has_pending_push_work(self) -> bool:
         """True if any child has push work."""
-        return any(self._each("has_pending_push_work", lambda c: c.has_pending_push_work(), False))
+        if not self._callers["has_pending_push_work"]:
+            return False
+        return any(self._each("has_pending_push_work", default=False))
 
     def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
         """The children's KV cache events of the step; several children's are merged."""
-        found = [
-            events
-            for events in self._each(
-                "get_kv_connector_kv_cache_events", lambda c: c.get_kv_connector_kv_cache_events()
-            )
-            if events is not None
-        ]
+        if not self._callers["get_kv_connector_kv_cache_events"]:
+            return None
+        found = self._each("get_kv_connector_kv_cache_events")
+        if found:
+            found = [events for events in found if events is not None]
         if not found:
             return None
         merged: KVConnectorKVEvents = found[0]
@@ -346,11 +409,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         """The first child's handshake metadata that is not None."""
         return next(
-            (
-                m
-                for m in self._each("get_handshake_metadata", lambda c: c.get_handshake_metadata())
-                if m is not None
-            ),
+            (m for m in self._each("get_handshake_metadata") if m is not None),
             None,
         )
 
@@ -358,76 +417,69 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self, metadata: dict[int, KVConnectorHandshakeMetadata]
     ) -> None:
         """Every child gets the handshake metadata."""
-        self._each("set_xfer_handshake_metadata", lambda c: c.set_xfer_handshake_metadata(metadata))
+        self._each("set_xfer_handshake_metadata", metadata)
 
     def set_xfer_handshake_metadata_pp_aware(
         self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]
     ) -> None:
         """Every child gets the PP-aware handshake metadata."""
-        self._each(
-            "set_xfer_handshake_metadata_pp_aware",
-            lambda c: c.set_xfer_handshake_metadata_pp_aware(metadata),
-        )
+        self._each("set_xfer_handshake_metadata_pp_aware", metadata)
 
     def reset_cache(self) -> bool:
         """Reset every child; True only if all succeeded."""
-        return all(
-            r is not False for r in self._each("reset_cache", lambda c: c.reset_cache(), False)
-        )
+        return all(r is not False for r in self._each("reset_cache", default=False))
 
     # -- worker side ----------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Give every child the KV caches."""
-        self._each("register_kv_caches", lambda c: c.register_kv_caches(kv_caches))
+        self._each("register_kv_caches", kv_caches)
 
     def unregister_kv_caches(self) -> None:
         """(vLLM 0.33+) Every child lets go of the KV caches (sleep, weight updates)."""
-        self._each("unregister_kv_caches", lambda c: c.unregister_kv_caches())
+        self._each("unregister_kv_caches")
 
     def restore_kv_caches(self) -> None:
         """(vLLM 0.33+) Every child takes the KV caches back after a wake-up."""
-        self._each("restore_kv_caches", lambda c: c.restore_kv_caches())
+        self._each("restore_kv_caches")
 
     def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
         """Every child gets the copy ops."""
-        self._each("set_host_xfer_buffer_ops", lambda c: c.set_host_xfer_buffer_ops(copy_operation))
+        self._each("set_host_xfer_buffer_ops", copy_operation)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """Bind each child's metadata, in order."""
-        super().bind_connector_metadata(connector_metadata)
+        KVConnectorBase_V1.bind_connector_metadata(self, connector_metadata)  # no super(): hot
         assert isinstance(connector_metadata, MuxMetadata)
         self._worker.begin_step(connector_metadata.plan, connector_metadata.children)
 
     def clear_connector_metadata(self) -> None:
         """Unbind every child."""
-        super().clear_connector_metadata()
+        KVConnectorBase_V1.clear_connector_metadata(self)
         self._worker.end_step()
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """Each child handles preemptions with its own metadata."""
         assert isinstance(kv_connector_metadata, MuxMetadata)
-        for i, (child, meta) in enumerate(
-            zip(self._children, kv_connector_metadata.children, strict=True)
-        ):
+        for (child, guard), meta in zip(self._pairs, kv_connector_metadata.children, strict=True):
             if meta is not None:
-                self._guards[i].call(
-                    "handle_preemptions",
-                    partial(child.handle_preemptions, meta),
-                    None,
-                    always=True,
-                )
+                try:
+                    child.handle_preemptions(meta)
+                except Exception as exc:
+                    guard.fail("handle_preemptions", exc)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Start every loading child's loads."""
-        if kwargs:
-            self._worker.each_loading("start_load_kv", (forward_context,), kwargs=kwargs)
-        else:
-            self._worker.each_loading("start_load_kv", (forward_context,))
+        self._worker.start_loads(forward_context, kwargs)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Wait for every loading child."""
-        self._worker.each_loading("wait_for_layer_load", (layer_name,), per_layer=True)
+        """Wait for every loading child that works per layer (the loop of
+        ``MuxWorker.layer_loads``, here: it runs once per layer)."""
+        for i, child in self._worker.layer_loads:
+            try:
+                child.wait_for_layer_load(layer_name)
+            except Exception as exc:
+                self._worker.layer_failed(i, "wait_for_layer_load", exc)
 
     def save_kv_layer(
         self,
@@ -436,29 +488,34 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         attn_metadata: AttentionMetadata,
         **kwargs: Any,
     ) -> None:
-        """Every saving child saves the layer."""
-        args = (layer_name, kv_layer, attn_metadata)
-        self._worker.each_saving("save_kv_layer", args, kwargs or None, per_layer=True)
+        """Every saving child that works per layer saves the layer (the loop of
+        ``MuxWorker.layer_saves``, here: it runs once per layer)."""
+        for i, child in self._worker.layer_saves:
+            try:
+                child.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+            except Exception as exc:
+                self._worker.layer_failed(i, "save_kv_layer", exc)
 
     def wait_for_save(self) -> None:
         """Every saving child finishes its step's saves, once all load errors are known."""
-        self._worker.settle_loads()
-        self._worker.each_saving("wait_for_save", ())
+        self._worker.save()
 
     def finish_forward(self) -> None:
         """Tell every child the forward pass is done."""
-        self._each("finish_forward", lambda c: c.finish_forward())
+        self._each("finish_forward")
 
     def reset_capture_state(self) -> None:
         """Reset every child's capture state."""
-        self._each("reset_capture_state", lambda c: c.reset_capture_state())
+        self._each("reset_capture_state")
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Each request once, after all of its loaders (or savers) finished."""
-        sending, recving, failed = self._worker.transfer_results(finished_req_ids)
-        return KVConnectorTransferResults(
-            finished_sending=sending, finished_recving=recving, failed_recving=failed
+        results = KVConnectorTransferResults()
+        self._worker.transfer_results(
+            finished_req_ids,
+            (results.finished_sending, results.finished_recving, results.failed_recving),
         )
+        return results
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Finished sends and receives, each request exactly once."""
@@ -471,7 +528,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished_count(self) -> int | None:
         """The children's common finished count, if they all state one."""
-        counts = self._each("get_finished_count", lambda c: c.get_finished_count())
+        counts = self._each("get_finished_count")
         if any(c is None for c in counts):
             return None
         if len(set(counts)) > 1:
@@ -480,41 +537,66 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         """Each child's worker metadata, and which children this worker has cut off."""
-        metas = tuple(
-            self._each("build_connector_worker_meta", lambda c: c.build_connector_worker_meta())
-        )
-        opened = frozenset(i for i, g in enumerate(self._guards) if not g.breaker.allow())
-        if all(m is None for m in metas) and not opened:
+        metas: list[KVConnectorWorkerMetadata | None] = []
+        opened: frozenset[int] = frozenset()
+        for i, child, guard in self._all:
+            try:
+                metas.append(child.build_connector_worker_meta())
+            except Exception as exc:
+                guard.fail("build_connector_worker_meta", exc)
+                metas.append(None)
+            if not guard.closed and guard.cut_off():
+                opened |= {i}
+        if not opened and metas.count(None) == len(metas):
             return None
-        return MuxWorkerMetadata(metas, opened)
+        return MuxWorkerMetadata(tuple(metas), opened)
 
     def get_kv_connector_stats(self) -> MuxConnectorStats | None:
         """Each child's own stats object of this interval under its label, and the mux's
-        counters of every child."""
-        stats = MuxConnectorStats()
-        counters: dict[str, Any] = {}
-        for child, guard in zip(self._children, self._guards, strict=True):
-            child_stats = guard.call(
-                "get_kv_connector_stats", child.get_kv_connector_stats, None, always=True
-            )
-            if child_stats is not None:
+        counters of every child (at most every ``COUNTERS_SECONDS``, and at once after an
+        error or a breaker change)."""
+        stats: MuxConnectorStats | None = None
+        for child, guard, path in self._stats_sources:
+            try:
+                child_stats = child.get_kv_connector_stats()
+            except Exception as exc:
+                guard.fail("get_kv_connector_stats", exc)
+                continue
+            if child_stats is None:
+                continue
+            if stats is None:
+                stats = MuxConnectorStats({guard.label: child_stats}, {guard.label: path})
+            else:
                 stats.data[guard.label] = child_stats
-                stats.connectors[guard.label] = self._child_paths[guard.label]
+                stats.connectors[guard.label] = path
+        now = time.monotonic()
+        if now >= self._counters_due or self._notices.pending:
+            self._counters_due = now + COUNTERS_SECONDS
+            stats = self._add_counters(stats, now)
+        return stats
+
+    def _add_counters(
+        self, stats: MuxConnectorStats | None, now: float
+    ) -> MuxConnectorStats | None:
+        """``stats`` with the mux's counters of the interval, unless nothing moved."""
+        counters: dict[str, Any] = {}
+        self._notices.pending = False
+        for guard in self._guards:
             counters[guard.label] = guard.snapshot()
             guard.reset_counters()
-        stats.data[MUX_COUNTERS] = MuxCounterStats(data=counters)
-        self._maybe_log(stats)
-        return None if stats.is_empty() else stats
+        own = MuxCounterStats(data=counters)
+        if own.is_empty() and stats is None:
+            return None
+        stats = stats or MuxConnectorStats()
+        stats.data[MUX_COUNTERS] = own
+        if now - self._last_stats_log >= STATS_LOG_SECONDS and not stats.is_empty():
+            self._last_stats_log = now
+            log.info("kvmux mux stats: %s", stats.reduce())
+        return stats
 
     def child_counters(self) -> dict[str, dict[str, float]]:
         """Each child's counters since start, by label, as this side of the mux saw them."""
         return {guard.label: guard.totals() for guard in self._guards}
-
-    def _maybe_log(self, stats: MuxConnectorStats) -> None:
-        now = time.monotonic()
-        if now - self._last_stats_log >= STATS_LOG_SECONDS and not stats.is_empty():
-            self._last_stats_log = now
-            log.info("kvmux mux stats: %s", stats.reduce())
 
     def shutdown(self) -> None:
         """Shut every child down, even if one fails."""
@@ -547,3 +629,9 @@ def _refuse_hybrid_without_hma(
             f"{', '.join(unable)} cannot handle: start vLLM with "
             "--disable-hybrid-kv-cache-manager, or use only children that support HMA",
         )
+
+
+def _overriding(children: list[Child], hook: str) -> list[Child]:
+    """The children whose class overrides ``hook`` of the base class."""
+    base = getattr(KVConnectorBase_V1, hook)
+    return [child for child in children if getattr(type(child[1]), hook, None) is not base]

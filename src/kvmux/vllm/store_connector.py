@@ -10,6 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
@@ -68,11 +69,37 @@ def _worker_rank() -> int:
     return int(get_pp_group().rank_in_group) * int(tp.world_size) + int(tp.rank_in_group)
 
 
+def loads_async(spec: StoreSpec, num_groups: int) -> bool:
+    """Whether a tier's loads run off the forward path (the spec's ``async_loads``).
+
+    With several KV cache groups every load is asynchronous: vLLM takes the load failures
+    of such a model only per request (``failed_recving``), which only a request waiting
+    for an asynchronous load can get; a failed block id would stop the engine.
+    """
+    if num_groups > 1:
+        if spec.async_loads == "never":
+            log.warning(
+                "kvmux tier %s: async_loads 'never' overridden: a model with several KV "
+                "cache groups loads asynchronously",
+                spec.name,
+            )
+        return True
+    if spec.async_loads == "auto":
+        return not isinstance(spec, MemorySpec)  # host memory is quicker than the wait
+    return spec.async_loads == "always"
+
+
 class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     """Loads prompt prefixes from, and saves every full prompt block to, one tier.
 
     Hybrid models (several KV cache groups) store each group's share of a block as its
     own entry; a sliding-window group only the blocks inside its window.
+
+    Loads from a slow tier (disk, Redis; any tier of a hybrid model) are asynchronous:
+    the request waits while loader threads read and copy its blocks, the other requests
+    keep running, and ``get_transfer_results`` reports it. A failed asynchronous load is
+    reported as the request's failed blocks with one KV cache group (vLLM keeps the prefix
+    below them) and as a failed request with several (vLLM recomputes it).
     """
 
     kvmux_offset_loads = True  # can load a range that starts past the computed tokens
@@ -101,13 +128,21 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._namespace = namespace_id(namespace)
         self._block_size = block_size_of(kv_cache_config)
         self._last_stats: dict[str, float] = {}
+        self._async_loads = loads_async(spec, len(self._windows))
+        self._async_errors: set[int] = set()  # blocks of finished async loads that failed
+        self._failed_loads: dict[str, int] = {}  # request -> first failed position, to report
         self._scheduler: TierScheduler | None = None
         self._worker: TierWorker | None = None
         self._view: TierView | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._view = self._scheduler_view(kv_cache_config)
             self._scheduler = TierScheduler(
-                self._view, self._block_size, self._namespace, self.stats, self._windows
+                self._view,
+                self._block_size,
+                self._namespace,
+                self.stats,
+                self._windows,
+                self._async_loads,
             )
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         else:
@@ -141,7 +176,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """Tokens past ``num_computed_tokens`` that the tier holds; loaded synchronously."""
+        """Tokens past ``num_computed_tokens`` that the tier holds; whether they load async."""
         assert self._scheduler is not None
         try:
             extras = block_extras(request, self._block_size)
@@ -151,12 +186,19 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             return 0, False
         prompt = prompt_tokens(request)
         hit = self._scheduler.lookup(request.request_id, prompt, extras, num_computed_tokens)
-        return hit, False
+        return hit, bool(hit) and self._async_loads
+
+    def may_load_async(self, request: Request) -> bool:
+        """(vLLM 0.34+) Whether this tier may load ``request`` asynchronously."""
+        return self._async_loads
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        """Plan the load of the promised blocks into the blocks just allocated."""
+        """Plan the load of the promised blocks into the blocks just allocated.
+
+        After an asynchronous load vLLM calls this again, with no external tokens.
+        """
         assert self._scheduler is not None
         block_ids = blocks.get_block_ids() if num_external_tokens > 0 else ()
         self._scheduler.on_alloc(request.request_id, block_ids, num_external_tokens)
@@ -167,16 +209,24 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         return StoreConnectorMetadata(self._scheduler.build(_scheduled(scheduler_output)))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Forget keys the workers could not load."""
+        """Forget keys the workers could not load; never offer a failed load again."""
         assert self._scheduler is not None
         meta = connector_output.kv_connector_worker_meta
-        if isinstance(meta, StoreWorkerMetadata) and meta.missing:
+        if not isinstance(meta, StoreWorkerMetadata):
+            return
+        if meta.missing:
             self._scheduler.forget(meta.missing)
+        for req_id, position in meta.failed_loads.items():
+            self._scheduler.failed_load(req_id, position)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Saves are copied out within the step, so the blocks may be freed at once."""
+        """Saves are copied out within the step, so the blocks may be freed at once.
+
+        A request aborted while its asynchronous load runs: vLLM itself holds its blocks
+        until the workers report the load finished, which they do once, load stopped.
+        """
         assert self._scheduler is not None
         self._scheduler.finish(request.request_id)
         return False, None
@@ -207,13 +257,14 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         return meta.plan if isinstance(meta, StoreConnectorMetadata) else None
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        """Load every planned block before the forward pass."""
+        """Load the synchronous loads' blocks now; start the asynchronous loads."""
         plan = self._plan()
         if plan is not None and self._worker is not None:
             self._worker.load(plan.loads)
+            self._worker.start_loads(plan.async_loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Loads finish in ``start_load_kv``; nothing to wait for."""
+        """Synchronous loads finish in ``start_load_kv``; nothing to wait for."""
 
     def save_kv_layer(
         self,
@@ -235,16 +286,39 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is not None:
             self._worker.drop_saves_over(block_ids)
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Requests whose asynchronous load ended, each once; failed ones with several groups.
+
+        ``finished_req_ids``: requests the engine finished (aborted ones among them) whose
+        loads may stop. A failed load of a one-group model is reported as its failed
+        blocks (``get_block_ids_with_load_errors``, in this same step), so vLLM keeps the
+        prefix below them; with several groups vLLM takes failures per request only.
+        """
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        done = self._worker.finished_loads(finished_req_ids)
+        self._failed_loads.update(done.failed)
+        failed: set[str] = set()
+        if len(self._windows) > 1:
+            failed = set(done.failed)
+        else:
+            self._async_errors |= done.failed_blocks
+        return KVConnectorTransferResults(finished_recving=done.finished, failed_recving=failed)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks promised but missing or corrupt: the engine recomputes them."""
-        return self._worker.take_load_errors() if self._worker is not None else set()
+        if self._worker is None:
+            return set()
+        errors, self._async_errors = self._async_errors, set()
+        return errors | self._worker.take_load_errors()
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        """Report keys that could not be loaded, so the scheduler stops offering them."""
+        """Report keys that could not be loaded, and where loads failed, to the scheduler."""
         if self._worker is None:
             return None
         missing = self._worker.take_missing()
-        return StoreWorkerMetadata(missing) if missing else None
+        failed, self._failed_loads = self._failed_loads, {}
+        return StoreWorkerMetadata(missing, failed) if missing or failed else None
 
     def get_kv_connector_stats(self) -> StoreConnectorStats | None:
         """This half's counters since the last call (vLLM adds up both halves)."""

@@ -33,6 +33,7 @@ BLOCK = 128  # the CPU backend's block size
 WINDOW = 2 * BLOCK
 LONG = make_prompt(50, 10 * BLOCK + 1)  # 10 full blocks below its last token
 BRANCH = LONG[: 6 * BLOCK] + make_prompt(51, 3 * BLOCK + 1)  # shares 6 blocks with LONG
+SHORT = make_prompt(52, 2 * BLOCK + 1)  # a hit on it needs all 4 entries: 2 blocks x 2 groups
 LOGPROB_TOLERANCE = 1e-3
 # Fails at start if anything (e.g. a connector without SupportsHMA) turns the hybrid
 # KV cache manager off, instead of running with one group.
@@ -56,8 +57,8 @@ def run_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 @pytest.fixture(scope="module")
 def reference(run_hybrid: Run) -> dict[str, Any]:
-    """Tokens and log-probabilities of both prompts without any connector."""
-    return results(run_hybrid([generate(LONG, BRANCH, logprobs=True)]))[0]
+    """Tokens and log-probabilities of LONG, BRANCH and SHORT without any connector."""
+    return results(run_hybrid([generate(LONG, BRANCH, SHORT, logprobs=True)]))[0]
 
 
 def assert_same_logprobs(step: dict[str, Any], reference: dict[str, Any], index: int) -> None:
@@ -114,3 +115,34 @@ def test_disk_tier_serves_both_groups_after_a_restart(
     assert_same_logprobs(warm, reference, 0)
     assert_same_logprobs(branch, reference, 1)
     assert run["stats"]["disk"]["load_errors"] == 0
+
+
+def test_a_corrupt_entry_is_recomputed_without_stopping_the_engine(
+    run_hybrid: Run, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    """vLLM stops on block-level load errors from a model with several KV cache groups:
+    every load is asynchronous and a failed one is reported per request (the request is
+    computed again). One of SHORT's four entries is corrupted on disk: SHORT's output
+    stays exact, the corrupt entry is dropped and saved again, and the next hit is whole."""
+    tier = {"type": "disk", "path": str(tmp_path / "disk"), "capacity": "256MiB"}
+    steps = [
+        generate(SHORT),
+        {"op": "sleep", "seconds": 0.5},  # the writer thread stores the four entries
+        {"op": "corrupt", "path": tier["path"], "count": 1},
+        RESET,
+        generate(SHORT, logprobs=True),
+        {"op": "sleep", "seconds": 0.5},
+        RESET,
+        generate(SHORT, logprobs=True),
+    ]
+    run = run_hybrid(steps, kv=store_kv(tier))
+    assert results(run, "corrupt")[0]["corrupted"]
+    cold, failed, again = results(run)
+    assert cold["num_cached_tokens"] == [0]
+    assert failed["num_cached_tokens"][0] in (0, BLOCK)  # what loaded below the bad entry
+    assert again["num_cached_tokens"] == [2 * BLOCK]
+    assert_same_logprobs(failed, reference, 2)
+    assert_same_logprobs(again, reference, 2)
+    stats = run["stats"]["disk"]
+    assert stats["load_errors"] == 1
+    assert "Traceback" not in run["log"]

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.vllm
 BLOCK = 128
 PROMPTS = [make_prompt(500 + i, 900) for i in range(3)]
 HITS = (900 - 1) // BLOCK * BLOCK  # 7 blocks
+LOGPROB_TOLERANCE = 1e-3  # float32: exact loads move log-probabilities by about 1e-6
 
 
 def redis_kv(url: str, **store: Any) -> dict[str, Any]:
@@ -35,8 +36,15 @@ def redis_kv(url: str, **store: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def baseline(run_job: Callable[..., dict[str, Any]]) -> list[list[int]]:
-    return results(run_job([generate(*PROMPTS)], enable_prefix_caching=False))[0]["tokens"]
+def reference(run_job: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """Tokens and log-probabilities of every prompt, without connector."""
+    return results(run_job([generate(*PROMPTS, logprobs=True)], enable_prefix_caching=False))[0]
+
+
+@pytest.fixture(scope="module")
+def baseline(reference: dict[str, Any]) -> list[list[int]]:
+    tokens: list[list[int]] = reference["tokens"]
+    return tokens
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +62,17 @@ def test_second_engine_hits_what_the_first_computed(first_engine, run_job, redis
     assert step["tokens"] == baseline
     assert second["stats"]["redis"]["loaded_blocks"] == 3 * HITS // BLOCK
     print("cross-engine:", step["num_cached_tokens"], second["stats"]["redis"])
+
+
+def test_async_loads_in_the_multi_process_layout(first_engine, run_job, redis_server, reference):
+    """vLLM's default layout: Redis loads run off the forward path and stay exact."""
+    kv = redis_kv(redis_server.url)
+    run = run_job([generate(*PROMPTS, logprobs=True)], kv=kv, multiprocess=True)
+    step = results(run)[0]
+    assert step["num_cached_tokens"] == [HITS] * 3
+    assert step["tokens"] == reference["tokens"]
+    for got, want in zip(step["logprobs"], reference["logprobs"], strict=True):
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < LOGPROB_TOLERANCE
 
 
 def test_another_model_never_sees_these_entries(first_engine, redis_server, tmp_path: Path):
@@ -79,7 +98,7 @@ def test_cluster_tier(run_job, redis_cluster, baseline) -> None:
     print("cluster:", warm["num_cached_tokens"], "keys per master:", keys, run["stats"]["redis"])
 
 
-def test_server_killed_and_restarted_while_serving(run_job, tmp_path: Path, baseline) -> None:
+def test_server_killed_and_restarted_while_serving(tiny_model, tmp_path: Path, baseline) -> None:
     server = RedisServer(tmp_path / "flaky").start()
     marks = {name: tmp_path / name for name in ("down?", "down", "up?", "up")}
     steps = [
@@ -97,8 +116,16 @@ def test_server_killed_and_restarted_while_serving(run_job, tmp_path: Path, base
     ]
     outcome: dict[str, Any] = {}
 
+    job = {
+        "model": tiny_model,
+        "engine": {**BASE_ENGINE, "enable_prefix_caching": False},
+        "kv": redis_kv(server.url),
+        "steps": steps,
+    }
+    env = {**ENGINE_ENV, "VLLM_LOGGING_STREAM": "ext://sys.stderr"}  # kvmux logs as vLLM does
+
     def serve() -> None:
-        outcome["run"] = run_job(steps, kv=redis_kv(server.url), enable_prefix_caching=False)
+        outcome["run"] = run_engine_job(job, env=env)
 
     engine = threading.Thread(target=serve)
     engine.start()

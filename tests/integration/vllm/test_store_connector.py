@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import generate, make_prompt, results, store_kv
+from tests.support.faulty_store import write_control
 
 pytestmark = pytest.mark.vllm
 
@@ -21,6 +22,7 @@ EVICTION_SET = [make_prompt(100 + i, 700) for i in range(8)]
 PREEMPT_SET = [make_prompt(200 + i, 600) for i in range(4)]
 DISK_SET = [make_prompt(300 + i, 900) for i in range(2)]
 ALL_SHORT = [SHARED, SIBLING, OTHER, LONG, *EVICTION_SET, *DISK_SET]
+LOGPROB_TOLERANCE = 1e-3  # float32: exact loads move log-probabilities by about 1e-6
 MEMORY_CAPACITY = 4 * 2**20  # about 30 entries of the tiny model: the eviction set overflows it
 
 
@@ -29,15 +31,26 @@ def full_blocks_below_last(prompt: list[int]) -> int:
 
 
 @pytest.fixture(scope="module")
-def baseline(run_job: Callable[..., dict[str, Any]]) -> dict[tuple[int, ...], list[int]]:
+def baseline_run(run_job: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """Every prompt through an engine with no connector."""
+    steps = [generate(*ALL_SHORT, logprobs=True), generate(*PREEMPT_SET, max_tokens=120)]
+    return run_job(steps, enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
+def baseline(baseline_run: dict[str, Any]) -> dict[tuple[int, ...], list[int]]:
     """Greedy tokens of every prompt from an engine with no connector."""
-    run = run_job(
-        [generate(*ALL_SHORT), generate(*PREEMPT_SET, max_tokens=120)], enable_prefix_caching=False
-    )
-    short, preempt = results(run)
+    short, preempt = results(baseline_run)
     tokens = dict(zip(map(tuple, ALL_SHORT), short["tokens"], strict=True))
     tokens.update({("preempt", *p): t for p, t in zip(PREEMPT_SET, preempt["tokens"], strict=True)})
     return tokens
+
+
+@pytest.fixture(scope="module")
+def baseline_logprobs(baseline_run: dict[str, Any]) -> dict[tuple[int, ...], list[float]]:
+    """The log-probability of each greedy token of the short prompts, without connector."""
+    short = results(baseline_run)[0]
+    return dict(zip(map(tuple, ALL_SHORT), short["logprobs"], strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +185,37 @@ def test_second_engine_hits_disk_and_recomputes_a_corrupt_entry(
     assert stats["loaded_blocks"] >= full_blocks_below_last(DISK_SET[1]) // BLOCK
 
 
+def test_async_disk_loads_in_the_multi_process_layout_with_an_abort_while_loading(
+    first_disk_run, run_job, disk_dir: Path, tmp_path: Path, baseline, baseline_logprobs
+) -> None:
+    """vLLM's default layout (engine core in its own process). Every read of the disk tier
+    takes 0.5 s, so a load of 7 blocks outlasts the other request: the first request is
+    aborted while it waits for its load; the engine goes on, and later loads are exact."""
+    control = tmp_path / "faults.json"
+    write_control(control, fault="latency", ms=500, on=["get"])
+    store = {"type": "disk", "path": str(disk_dir), "capacity": "256MiB"}
+    kv = store_kv(store, faults=str(control))
+    kv.update(
+        kv_connector="FaultyStoreConnector",
+        kv_connector_module_path="tests.integration.faulty_connector",
+    )
+    abort = {"op": "abort_midway", "prompts": [DISK_SET[0], OTHER], "steps_before_abort": 2}
+    steps = [abort, generate(*DISK_SET, logprobs=True)]
+    run = run_job(steps, kv=kv, multiprocess=True, enable_prefix_caching=False)
+    aborted = results(run, "abort_midway")[0]
+    assert aborted["tokens"] == [None, expect(baseline, OTHER)]
+    loaded = results(run)[0]
+    assert loaded["num_cached_tokens"] == [full_blocks_below_last(p) for p in DISK_SET]
+    assert loaded["tokens"] == [expect(baseline, p) for p in DISK_SET]
+    for got, prompt in zip(loaded["logprobs"], DISK_SET, strict=True):
+        want = baseline_logprobs[tuple(prompt)]
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < LOGPROB_TOLERANCE
+    assert "Traceback" not in run["log"]
+
+
 def test_bad_config_is_one_clear_error_at_start(run_job) -> None:
     from kvmux.tools.engine import EngineRunError
 
-    accepted = r"accepted: capacity, name, save_queue, signing, type"
+    accepted = r"accepted: async_loads, capacity, name, save_queue, signing, type"
     with pytest.raises(EngineRunError, match=r"store\.colour.*" + accepted):
         run_job([], kv=store_kv({"type": "memory", "capacity": "1GiB", "colour": "red"}))

@@ -499,3 +499,77 @@ def test_a_request_is_neither_loaded_nor_saved_while_the_generation_is_unknown()
     prompt = _prompt(3 * BS + 1)
     assert _new_request(scheduler, "r", prompt, [1, 2, 3, 4]) == 0
     assert scheduler.build([_one_group("r", 0, 3 * BS + 1, [1, 2, 3, 4])]).saves == []
+
+
+# -- asynchronous loads ---------------------------------------------------------------
+
+
+def _async_scheduler(held: int = 100) -> tuple[TierScheduler, ForgetfulView]:
+    view = ForgetfulView(held=held)
+    return TierScheduler(view, BS, NS, TierStats(), async_loads=True), view
+
+
+def test_an_async_load_is_one_request_load_position_by_position() -> None:
+    scheduler, _ = _async_scheduler()
+    prompt = _prompt(4 * BS + 1)
+    keys = _keys(prompt)
+    ids = [30, 31, 32, 33, 34]
+    assert scheduler.lookup("r", prompt, None, BS) == 3 * BS  # block 0: a local hit
+    scheduler.on_alloc("r", (ids,), 3 * BS)
+    plan = scheduler.build([])  # the request waits for its load: not scheduled
+    assert plan.loads == []
+    (load,) = plan.async_loads
+    assert (load.req_id, load.start) == ("r", 1)
+    assert load.positions == tuple((BlockTransfer(keys[i], ids[i]),) for i in (1, 2, 3))
+    assert scheduler.build([]).async_loads == []  # started once
+
+
+def test_the_second_alloc_of_an_async_request_plans_nothing() -> None:
+    """vLLM calls update_state_after_alloc again, with no external tokens, once loaded."""
+    scheduler, _ = _async_scheduler()
+    prompt = _prompt(4 * BS + 1)
+    ids = [30, 31, 32, 33, 34]
+    _new_request(scheduler, "r", prompt, ids)
+    scheduler.build([])
+    scheduler.on_alloc("r", (ids,), 0)
+    plan = scheduler.build([_one_group("r", 4 * BS, 1, ids)])
+    assert plan.loads == plan.async_loads == plan.saves == []  # loaded blocks: not saved
+
+
+def test_after_a_failed_async_load_the_recomputed_blocks_are_saved() -> None:
+    """The load failed at block 2: the engine runs the request from there, and blocks 2
+    and 3, though promised by the load, are saved once computed."""
+    scheduler, _ = _async_scheduler()
+    prompt = _prompt(4 * BS + 1)
+    keys = _keys(prompt)
+    ids = [30, 31, 32, 33, 34]
+    _new_request(scheduler, "r", prompt, ids)
+    scheduler.build([])
+    scheduler.on_alloc("r", (ids,), 0)
+    plan = scheduler.build([_one_group("r", 2 * BS, 2 * BS + 1, ids)])
+    assert plan.saves == [BlockTransfer(keys[2], 32), BlockTransfer(keys[3], 33)]
+
+
+def test_a_failed_load_is_never_offered_again_past_its_failure() -> None:
+    """vLLM looks a request up again after a failed load that left it nothing: it gets
+    the blocks below the failure, and nothing at all after a failure at its first block."""
+    scheduler, _ = _async_scheduler()
+    prompt = _prompt(6 * BS + 1)
+    assert _new_request(scheduler, "r", prompt, list(range(1, 8))) == 6 * BS
+    scheduler.failed_load("r", 4)
+    assert scheduler.lookup("r", prompt, None, 0) == 4 * BS
+    scheduler.failed_load("r", 0)
+    assert scheduler.lookup("r", prompt, None, 0) == 0
+    assert scheduler.lookup("other", prompt, None, 0) == 6 * BS  # only that request
+    scheduler.failed_load("gone", 0)  # a finished request: nothing to do
+
+
+def test_sync_and_async_schedulers_load_the_same_blocks() -> None:
+    prompt = _prompt(5 * BS + 1)
+    ids = [40, 41, 42, 43, 44, 45]
+    sync, _, _ = _scheduler(ForgetfulView(held=100))
+    _new_request(sync, "r", prompt, ids, num_computed=BS)
+    asynchronous, _ = _async_scheduler()
+    _new_request(asynchronous, "r", prompt, ids, num_computed=BS)
+    (load,) = asynchronous.build([]).async_loads
+    assert load.transfers == sync.build([]).loads

@@ -7,7 +7,10 @@ recording every call. Breakers run on a fake clock; nothing here depends on wall
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -292,8 +295,8 @@ def test_none_while_any_child_looks(policy: str) -> None:
 def test_no_offers() -> None:
     mux = make(SCHEDULER, child("a"), child("b"))
     assert mux.get_num_new_matched_tokens(request(), 0) == (0, False)
-    assert guard(mux, 0).counters["lookups"] == 1
-    assert guard(mux, 1).counters["lookups"] == 1
+    assert guard(mux, 0).lookups == 1
+    assert guard(mux, 1).lookups == 1
 
 
 # -- update_state_after_alloc -----------------------------------------------------------
@@ -315,7 +318,7 @@ def test_loader_gets_its_tokens_and_others_zero(
     for i, name in enumerate(names):
         expected = offers[loader] if i == loader else 0
         assert args_of(name, "update_state_after_alloc") == [("r1", BLOCK_IDS, expected)]
-    assert guard(mux, loader).counters["hit_tokens"] == offers[loader]
+    assert guard(mux, loader).hit_tokens == offers[loader]
 
 
 def test_compose_contributors_get_their_share_at_their_start() -> None:
@@ -402,6 +405,33 @@ def test_no_load_error_no_drop() -> None:
     assert args_of("b", "kvmux_drop_saves_over") == []
 
 
+def test_only_the_steps_loaders_are_asked_for_load_errors_before_the_saves() -> None:
+    """b loads nothing this step: its load errors cannot be over blocks computed now."""
+    engine = compose_engine(b={"offer": 0})
+    engine.schedule(request(), computed=16)
+    scripted.ORDER.clear()
+    engine.step()
+    before = {"a": [], "b": []}  # each child's hooks before the first wait_for_save
+    for name, hook in scripted.ORDER:
+        if hook == "wait_for_save":
+            break
+        before[name].append(hook)
+    assert "get_block_ids_with_load_errors" in before["a"]
+    assert "get_block_ids_with_load_errors" not in before["b"]
+    assert len(args_of("b", "get_block_ids_with_load_errors")) == 1  # after the saves
+
+
+def test_a_lone_tier_settles_its_own_load_errors() -> None:
+    """A tier knows its own failed loads: alone, it is not asked before it saves."""
+    engine = Engine(child("a", offer={16: 32}, offset_capable=True, load_errors=[101]))
+    engine.schedule(request(), computed=16)
+    scripted.ORDER.clear()
+    assert engine.step().load_errors == {101}
+    hooks = [hook for _, hook in scripted.ORDER]
+    assert hooks.index("get_block_ids_with_load_errors") > hooks.index("wait_for_save")
+    assert args_of("a", "kvmux_drop_saves_over") == []
+
+
 def test_metadata_bound_to_each_child_in_order() -> None:
     engine = compose_engine()
     engine.schedule(request(), computed=16)
@@ -433,8 +463,7 @@ def test_every_child_gets_the_worker_hooks() -> None:
             "start_load_kv",
             "wait_for_layer_load",
             "save_kv_layer",
-            "get_block_ids_with_load_errors",  # every child's load errors before any saves
-            "wait_for_save",
+            "wait_for_save",  # nothing loads this step: no load errors to settle before it
             "get_transfer_results",
             "get_block_ids_with_load_errors",
             "clear_connector_metadata",
@@ -614,8 +643,8 @@ def test_blocks_of_a_child_whose_update_state_after_alloc_failed_are_load_errors
     step = engine.step()
     assert step.meta.plan.failed_blocks == [103]
     assert step.load_errors == {103}
-    assert guard(engine.sched, 0).counters["hit_tokens"] == 32
-    assert guard(engine.sched, 1).counters["hit_tokens"] == 0
+    assert guard(engine.sched, 0).hit_tokens == 32
+    assert guard(engine.sched, 1).hit_tokens == 0
 
 
 def test_blocks_of_a_child_that_failed_to_bind_are_load_errors() -> None:
@@ -906,7 +935,6 @@ def test_open_breaker_cuts_a_child_off_the_data_path_only(clock: Clock) -> None:
     later = [c.hook for c in calls("a", role="WORKER")[before:]]
     assert later == [
         "bind_connector_metadata",
-        "get_block_ids_with_load_errors",
         "get_transfer_results",
         "get_block_ids_with_load_errors",
         "clear_connector_metadata",
@@ -939,7 +967,7 @@ def test_a_cut_off_child_still_builds_its_step_and_loses_its_loads(clock: Clock)
     """No plan outlives its step: the child builds it, and it is dropped, not replayed."""
     engine = compose_engine()
     engine.schedule(request(), computed=16)  # a loads blocks 101, 102
-    guard(engine.sched, 0).breaker.force_open()
+    guard(engine.sched, 0).force_open()
     meta = engine.meta()
     assert len(args_of("a", "build_connector_meta")) == 1
     assert meta.plan.cut_off == {0}
@@ -953,7 +981,7 @@ def test_a_child_cut_off_between_lookup_and_alloc_loads_nothing(clock: Clock) ->
     engine = compose_engine()
     sched = engine.sched
     assert sched.get_num_new_matched_tokens(request(), 16) == (48, False)
-    guard(sched, 0).breaker.force_open()
+    guard(sched, 0).force_open()
     sched.update_state_after_alloc(request(), Blocks(BLOCK_IDS), 48)
     assert args_of("a", "update_state_after_alloc") == [("r1", BLOCK_IDS, 0)]
     assert args_of("b", "update_state_after_alloc") == [("r1", BLOCK_IDS, 16)]
@@ -963,7 +991,7 @@ def test_a_child_cut_off_between_lookup_and_alloc_loads_nothing(clock: Clock) ->
 def test_lifecycle_hooks_reach_a_cut_off_child(clock: Clock) -> None:
     engine = compose_engine()
     for mux in (engine.sched, engine.worker):
-        guard(mux, 0).breaker.force_open()
+        guard(mux, 0).force_open()
     engine.sched.request_finished(request(), BLOCK_IDS)
     engine.worker.handle_preemptions(engine.meta())
     assert len(args_of("a", "request_finished")) == 1
@@ -1265,6 +1293,59 @@ def test_breaker_trips_are_counted_once_across_intervals() -> None:
     total = first if second is None else first.aggregate(second)
     assert isinstance(total, MuxConnectorStats)
     assert total.counters()[A]["breaker_trips"] == 1.0
+
+
+def test_mux_counters_are_reported_at_most_once_an_interval_and_none_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [50.0]
+    monkeypatch.setattr(mux_module.time, "monotonic", lambda: now[0])
+    mux = make(SCHEDULER, child("a", offer=32), child("b"))
+    reports = []
+    for i in range(5):
+        mux.get_num_new_matched_tokens(request(f"r{i}"), 0)
+        reports.append(mux.get_kv_connector_stats())
+        now[0] += mux_module.COUNTERS_SECONDS / 2
+    reports.append(mux.get_kv_connector_stats())
+    sent = [r for r in reports if r is not None]
+    assert len(sent) == 3  # at 50, 51 and 52 s: one each interval, not one each step
+    assert sum(r.counters()[A]["lookups"] for r in sent) == 5.0  # later, never lost
+    assert mux.child_counters()[A]["lookups"] == 5.0
+
+
+def test_an_error_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
+    mux = make(SCHEDULER, child("a", raise_in=["take_events"]), child("b"))
+    assert mux.get_kv_connector_stats() is None  # nothing moved yet
+    list(mux.take_events())
+    stats = mux.get_kv_connector_stats()  # within the interval, yet sent
+    assert stats is not None
+    assert stats.counters()[A]["errors"] == 1.0
+    assert stats.counters()[A]["breaker_open"] == 1.0
+
+
+def test_hooks_the_base_class_leaves_empty_reach_only_children_that_override_them() -> None:
+    mux = make(SCHEDULER, child("a"), child("b"))
+    assert mux._callers["on_new_request"] == []  # ScriptedConnector does not override it
+    assert [c for _, c, _ in mux._callers["take_events"]] == mux.children
+    mux.on_new_request(request())
+    assert mux.has_pending_push_work() is False
+
+
+@pytest.mark.parametrize("hook", mux_module.BASE_NO_OPS)
+def test_the_base_class_hooks_skipped_do_nothing_in_this_vllm(hook: str) -> None:
+    """A later vLLM whose base hook did something would need it called: this test says."""
+    source = textwrap.dedent(inspect.getsource(getattr(KVConnectorBase_V1, hook)))
+    function = ast.parse(source).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    body = [
+        s
+        for s in function.body
+        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+    ]
+    assert len(body) == 1 and isinstance(body[0], ast.Return | ast.Pass), hook
+    value = body[0].value if isinstance(body[0], ast.Return) else None
+    assert value is None or isinstance(value, ast.Constant) or ast.unparse(value) == "()", hook
 
 
 def test_error_in_child_stats_is_reported() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -9,18 +10,27 @@ from typing import Any
 import pytest
 import torch
 from vllm.config import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorRole,
+    KVConnectorTransferResults,
+)
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
+from vllm.v1.outputs import KVConnectorOutput
 
+from kvmux.config import parse_store_spec
 from kvmux.errors import ConfigError
-from kvmux.keys import namespace_id
-from kvmux.vllm import StoreConnector
+from kvmux.keys import block_keys, namespace_id, store_key
+from kvmux.stores import DiskStore
+from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
+from kvmux.vllm import StoreConnector, store_connector
 from kvmux.vllm.engine_config import checkpoint_identity, engine_namespace
+from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
+from kvmux.vllm.store_connector import loads_async
 
 BLOCK = 16
 
@@ -100,6 +110,7 @@ def look_up(connector: StoreConnector, req_id: str, tokens: int, **fields: Any) 
 
 
 MEMORY = {"type": "memory", "capacity": "1MiB"}  # both tiers take the default name "memory"
+DISK = {"type": "disk", "path": "/nonexistent/kvmux", "capacity": "1MiB"}  # only parsed
 
 
 def test_two_tiers_of_one_name_keep_their_own_counters() -> None:
@@ -180,6 +191,16 @@ def _step(req_id: str, computed: int, scheduled: int, *groups: list[int]) -> Sim
     )
 
 
+def _idle() -> SimpleNamespace:
+    """A SchedulerOutput stand-in of a step that schedules nothing."""
+    return SimpleNamespace(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], num_computed_tokens=[]),
+        num_scheduled_tokens={},
+        kv_connector_block_state=None,
+    )
+
+
 def _moves(transfers: list[Any]) -> list[tuple[int, int]]:
     return [(t.group, t.block_id) for t in transfers]
 
@@ -241,15 +262,20 @@ def test_a_hybrid_prompt_is_saved_per_group_and_loaded_within_the_window() -> No
     assert done == (False, None)
 
     second = fake_request("b", 5 * BLOCK + 1)
-    hit, _ = connector.get_num_new_matched_tokens(second, 0)  # type: ignore[arg-type]
-    assert hit == 5 * BLOCK
+    hit, is_async = connector.get_num_new_matched_tokens(second, 0)  # type: ignore[arg-type]
+    assert (hit, is_async) == (5 * BLOCK, True)  # several groups: every load is asynchronous
     # the window of the hit's next token covers blocks 3 and 4: below it, the null block
     blocks = Blocks([21, 22, 23, 24, 25, 26], [0, 0, 0, 34, 35, 36])
     connector.update_state_after_alloc(second, blocks, hit)  # type: ignore[arg-type]
+    plan = connector.build_connector_meta(_idle()).plan  # type: ignore[arg-type, attr-defined]
+    assert plan.loads == [] and plan.saves == []
+    (load,) = plan.async_loads
+    assert (load.req_id, load.start) == ("b", 0)
+    assert _moves(load.transfers) == [(0, 21), (0, 22), (0, 23), (0, 24), (1, 34), (0, 25), (1, 35)]
+    connector.update_state_after_alloc(second, blocks, 0)  # type: ignore[arg-type]  # loaded
     step = _step("b", 5 * BLOCK, 1, *blocks.get_block_ids())
     plan = connector.build_connector_meta(step).plan  # type: ignore[arg-type, attr-defined]
-    assert _moves(plan.loads) == [(0, 21), (0, 22), (0, 23), (0, 24), (1, 34), (0, 25), (1, 35)]
-    assert plan.saves == []
+    assert plan.loads == plan.saves == plan.async_loads == []
 
 
 def test_a_finished_hybrid_request_is_forgotten() -> None:
@@ -259,3 +285,141 @@ def test_a_finished_hybrid_request_is_forgotten() -> None:
     connector.request_finished_all_groups(request, ([1, 2, 3], [4, 5, 6]))  # type: ignore[arg-type]
     step = _step("a", 0, 3 * BLOCK, [1, 2, 3], [4, 5, 6])
     assert connector.build_connector_meta(step).plan.saves == []  # type: ignore[arg-type, attr-defined]
+
+
+# -- asynchronous loads ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode", "groups", "expected"),
+    [
+        ("memory", "auto", 1, False),
+        ("disk", "auto", 1, True),
+        ("redis", "auto", 1, True),
+        ("memory", "always", 1, True),
+        ("disk", "never", 1, False),
+        ("memory", "auto", 2, True),
+        ("memory", "never", 2, True),  # overridden, with a warning: see below
+    ],
+)
+def test_which_tiers_load_asynchronously(kind: str, mode: str, groups: int, expected: bool) -> None:
+    spec = {"memory": MEMORY, "disk": DISK, "redis": {"type": "redis", "url": "redis://x"}}[kind]
+    parsed = parse_store_spec({**spec, "async_loads": mode})
+    assert loads_async(parsed, groups) is expected
+
+
+def test_never_is_overridden_for_a_hybrid_model_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    connector = scheduler({**MEMORY, "async_loads": "never"}, HYBRID)
+    assert connector.may_load_async(fake_request("a", 1))  # type: ignore[arg-type]
+    assert "async_loads 'never' overridden" in caplog.text
+
+
+def test_a_bad_async_loads_value_is_one_clear_error() -> None:
+    with pytest.raises(ConfigError, match=r"store\.async_loads.*accepted: always, auto, never"):
+        scheduler({**MEMORY, "async_loads": "sometimes"})
+
+
+def test_a_disk_hit_is_answered_asynchronously_and_a_miss_never_is(tmp_path: Path) -> None:
+    disk = {"type": "disk", "path": str(tmp_path / "disk"), "capacity": "1MiB"}
+    connector = scheduler(disk)
+    first = fake_request("a", 3 * BLOCK + 1)
+    # a miss is never asynchronous: vLLM asserts that an async load has tokens
+    assert connector.get_num_new_matched_tokens(first, 0) == (0, False)  # type: ignore[arg-type]
+    connector.update_state_after_alloc(first, Blocks([]), 0)  # type: ignore[arg-type]
+    plan = connector.build_connector_meta(_step("a", 0, 3 * BLOCK + 1, [1, 2, 3, 4])).plan  # type: ignore[arg-type, attr-defined]
+    store = DiskStore(tmp_path / "disk", 2**20)
+    for transfer in plan.saves:  # what the workers would write (the lookup only stats files)
+        store.put(store_key(transfer.key, 0), b"entry")
+    second = fake_request("b", 3 * BLOCK + 1)
+    assert connector.get_num_new_matched_tokens(second, 0) == (3 * BLOCK, True)  # type: ignore[arg-type]
+    assert connector.may_load_async(second)  # type: ignore[arg-type]
+
+
+def test_a_failed_load_reported_by_the_workers_is_not_offered_again() -> None:
+    connector = scheduler({**MEMORY, "async_loads": "always"})
+    first = fake_request("a", 4 * BLOCK + 1)
+    connector.get_num_new_matched_tokens(first, 0)  # type: ignore[arg-type]
+    connector.update_state_after_alloc(first, Blocks([]), 0)  # type: ignore[arg-type]
+    connector.build_connector_meta(_step("a", 0, 4 * BLOCK + 1, [1, 2, 3, 4, 5]))  # type: ignore[arg-type]
+    assert look_up(connector, "b", 4 * BLOCK + 1) == 4 * BLOCK
+    meta = StoreWorkerMetadata(set(), {"b": 2})
+    connector.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=meta))
+    assert look_up(connector, "b", 4 * BLOCK + 1) == 2 * BLOCK  # below the failed block
+    assert look_up(connector, "c", 4 * BLOCK + 1) == 4 * BLOCK  # other requests: all of it
+
+
+def test_worker_metadata_keeps_each_requests_earliest_failure() -> None:
+    one = StoreWorkerMetadata({b"k1"}, {"a": 3, "b": 1})
+    other = StoreWorkerMetadata({b"k2"}, {"a": 2, "c": 5})
+    merged = one.aggregate(other)
+    assert merged == StoreWorkerMetadata({b"k1", b"k2"}, {"a": 2, "b": 1, "c": 5})
+
+
+def worker(
+    monkeypatch: pytest.MonkeyPatch, store: dict[str, Any], specs: tuple[KVCacheSpec, ...] | None
+) -> StoreConnector:
+    """A worker half over stand-in KV caches of every group's layers."""
+    monkeypatch.setattr(store_connector, "_worker_rank", lambda: 0)
+    vllm_config, kv_cache_config = _engine(store, specs)
+    connector = StoreConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)  # type: ignore[arg-type]
+    names = sorted(n for g in kv_cache_config.kv_cache_groups for n in g.layer_names)
+    connector.register_kv_caches({name: torch.zeros(64, 2, BLOCK, 16) for name in names})
+    return connector
+
+
+def _missing_load(req_id: str, groups: int) -> StoreConnectorMetadata:
+    """A step plan with one async load of two positions the tier does not hold."""
+    keys = block_keys(namespace_id({"unit": 1}), list(range(2 * BLOCK)), BLOCK)
+    positions = tuple(
+        tuple(BlockTransfer(k, 10 * (g + 1) + i, g) for g in range(groups))
+        for i, k in enumerate(keys)
+    )
+    return StoreConnectorMetadata(TierStepPlan(async_loads=[RequestLoad(req_id, 3, positions)]))
+
+
+def _run_step(connector: StoreConnector, meta: StoreConnectorMetadata) -> None:
+    connector.bind_connector_metadata(meta)
+    connector.start_load_kv(None)  # type: ignore[arg-type]
+    connector.wait_for_save()
+    connector.clear_connector_metadata()
+
+
+def _results_until_finished(connector: StoreConnector) -> KVConnectorTransferResults:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        results = connector.get_transfer_results(set())
+        if results.finished_recving:
+            return results
+        assert connector.get_block_ids_with_load_errors() == set()  # nothing before the finish
+        time.sleep(0.001)
+    raise AssertionError("the load never finished")
+
+
+def test_one_group_reports_a_failed_load_as_blocks_in_its_finishing_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    connector = worker(monkeypatch, MEMORY, None)
+    _run_step(connector, _missing_load("r", 1))
+    results = _results_until_finished(connector)
+    assert (results.finished_recving, results.failed_recving) == ({"r"}, set())
+    assert connector.get_block_ids_with_load_errors() == {10, 11}  # vLLM keeps the prefix
+    meta = connector.build_connector_worker_meta()
+    assert isinstance(meta, StoreWorkerMetadata) and meta.failed_loads == {"r": 3}
+    assert connector.get_transfer_results(set()) == KVConnectorTransferResults()
+    connector.shutdown()
+
+
+def test_several_groups_report_a_failed_load_as_a_failed_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM stops on block ids from a model with several KV cache groups: never send any."""
+    connector = worker(monkeypatch, MEMORY, HYBRID)
+    _run_step(connector, _missing_load("r", 2))
+    results = _results_until_finished(connector)
+    assert (results.finished_recving, results.failed_recving) == ({"r"}, {"r"})
+    assert connector.get_block_ids_with_load_errors() == set()
+    meta = connector.build_connector_worker_meta()
+    assert isinstance(meta, StoreWorkerMetadata) and meta.failed_loads == {"r": 3}
+    connector.shutdown()

@@ -84,6 +84,18 @@ def evaluate_bars(results: dict[str, Any]) -> list[dict[str, Any]]:
             "below",
         )
     )
+    loading = results.get("async_loads", [])
+    for tier in ("disk", "redis"):
+        row = _find(loading, tier=tier, loads="async")
+        tokens = "long" if row is None else f"{row['prompt_tokens']}-token"
+        bars.append(
+            _bar(
+                f"decode ITL p99 while {tokens} prompts load from {tier} / nothing loading",
+                _get(row, "itl_p99_ratio"),
+                1.2,
+                "below",
+            )
+        )
     overhead = results.get("overhead", [])
     for row in overhead:
         if row.get("connector") != "MuxConnector":

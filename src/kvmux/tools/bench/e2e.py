@@ -1,11 +1,16 @@
-"""End-to-end workloads in vLLM: long prompts, multi-turn and RAG reuse, no reuse, overhead."""
+"""End-to-end workloads in vLLM: long prompts, multi-turn and RAG reuse, no reuse, overhead,
+and decoding latency while long prompts load from a slow tier."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import shutil
 import statistics
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +19,17 @@ from kvmux.tools.bench.profiles import BenchPlan
 from kvmux.tools.engine import run_engine_job
 from kvmux.tools.models import MODEL_SIZES
 
-__all__ = ["Runner", "long_prompts", "mux_overhead", "no_reuse", "reuse_workload"]
+__all__ = [
+    "LoadingShape",
+    "Runner",
+    "async_loads",
+    "itl_row",
+    "loads_while_decoding",
+    "long_prompts",
+    "mux_overhead",
+    "no_reuse",
+    "reuse_workload",
+]
 
 TIERS = ("memory", "disk", "redis")
 
@@ -284,4 +299,157 @@ def mux_overhead(runner: Runner, progress: Callable[[str], None]) -> list[dict[s
                 row[f"{side}_added_us_per_step"] = 1e6 * (top - inner) / steps
                 row[f"{side}_added_ratio"] = (top - inner) / inner if inner else 0.0
             rows.append(row)
+    return rows
+
+
+# -- asynchronous loads: decoding latency while long prompts load -------------------------
+
+DECODE_JOB = "kvmux.tools.bench.decode_job"
+LOADING_TIERS = (("disk", "auto"), ("redis", "auto"), ("disk", "never"))  # never: the contrast
+
+
+@dataclass(frozen=True)
+class LoadingShape:
+    """Decoding requests, and long prompts arriving among them to load from a tier."""
+
+    decoders: int = 4  # requests decoding throughout
+    decoder_prompt_tokens: int = 64  # under one block: nothing of theirs loads or saves
+    loaders: int = 6  # long prompts arriving, one every gap_steps engine steps
+    gap_steps: int = 16
+    long_tokens: int = 4096  # whole blocks of each long prompt (one more token is computed)
+    rounds: int = 3  # each phase this many times, alternating
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    """Nearest-rank percentile; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1))]
+
+
+def _window_itls(phase: dict[str, Any]) -> list[float]:
+    """Inter-token gaps of the decoding requests from the first arrival to the last load.
+
+    The window ends at the last long prompt's first token: its load (if any) has ended.
+    """
+    firsts = [t for t in phase["first_tokens"] if t is not None]
+    if not phase["arrivals"] or not firsts:
+        return []
+    start, end = min(phase["arrivals"]), max(firsts)
+    return [
+        later - earlier
+        for times in phase["token_times"]
+        for earlier, later in itertools.pairwise(times)
+        if start < later <= end
+    ]
+
+
+def _ttfts(phase: dict[str, Any]) -> list[float]:
+    pairs = zip(phase["arrivals"], phase["first_tokens"], strict=True)
+    return [first - arrival for arrival, first in pairs if first is not None]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
+
+
+def _median_round_ratio(local: list[dict[str, Any]], loading: list[dict[str, Any]]) -> float | None:
+    """The p99 ratio of each round's two phases (run back to back), median over rounds.
+
+    Less sensitive than the pooled ratio to whatever else the machine runs meanwhile.
+    """
+    ratios = []
+    for still, busy in zip(local, loading, strict=True):
+        p99_still = _percentile(_window_itls(still), 0.99)
+        p99_busy = _percentile(_window_itls(busy), 0.99)
+        if p99_still and p99_busy:
+            ratios.append(p99_busy / p99_still)
+    return statistics.median(ratios) if ratios else None
+
+
+def itl_row(tier: str, mode: str, shape: LoadingShape, result: dict[str, Any]) -> dict[str, Any]:
+    """One tier's figures: decode ITL with nothing loading and while the prompts load."""
+    local, loading = result["phases"]["local"], result["phases"]["tier"]
+    still = [gap for phase in local for gap in _window_itls(phase)]
+    busy = [gap for phase in loading for gap in _window_itls(phase)]
+    p99_still, p99_busy = _percentile(still, 0.99), _percentile(busy, 0.99)
+    loads = "sync" if mode == "never" else "async"
+    return {
+        "config": f"{tier} ({loads})",
+        "tier": tier,
+        "loads": loads,
+        "decoders": shape.decoders,
+        "loading_prompts": shape.loaders,
+        "prompt_tokens": shape.long_tokens + 1,
+        "rounds": len(loading),
+        "loaded_tokens": sum(sum(phase["cached_tokens"]) for phase in loading),
+        "itl_p50_ms_no_load": _ms(_percentile(still, 0.5)),
+        "itl_p99_ms_no_load": _ms(p99_still),
+        "itl_p50_ms_loading": _ms(_percentile(busy, 0.5)),
+        "itl_p99_ms_loading": _ms(p99_busy),
+        "itl_p99_ratio": p99_busy / p99_still if p99_busy and p99_still else None,
+        "itl_p99_ratio_median_round": _median_round_ratio(local, loading),
+        "samples_no_load": len(still),
+        "samples_loading": len(busy),
+        "ttft_p50_ms_no_load": _ms(_percentile([t for p in local for t in _ttfts(p)], 0.5)),
+        "ttft_p50_ms_loading": _ms(_percentile([t for p in loading for t in _ttfts(p)], 0.5)),
+    }
+
+
+def loads_while_decoding(
+    runner: Runner, tier: str, mode: str = "auto", shape: LoadingShape | None = None
+) -> dict[str, Any]:
+    """Workload (d): decode ITL p99 while long prompts load from ``tier``, against the same
+    workload served from the engine's own prefix cache (nothing loading), in one engine."""
+    shape = shape or LoadingShape(long_tokens=min(max(runner.plan.lengths), 4096))
+    work = runner.work / f"loading-{tier}-{mode}"
+    shutil.rmtree(work, ignore_errors=True)
+    if tier == "disk":
+        store: dict[str, Any] = {"type": "disk", "path": str(work / "disk"), "capacity": "8GiB"}
+    elif runner.redis_url is not None:
+        prefix = f"kvmux-loading-{uuid.uuid4().hex[:12]}:"  # nothing stored before
+        store = {"type": "redis", "url": runner.redis_url, "key_prefix": prefix}
+    else:
+        raise RuntimeError("no redis-server available")
+    long_prompts = [runner.tokens(8000 + i, shape.long_tokens + 1) for i in range(shape.loaders)]
+    decoders = [  # fresh ones for every phase of every round
+        [
+            runner.tokens(8100 + 10 * phase + i, shape.decoder_prompt_tokens)
+            for i in range(shape.decoders)
+        ]
+        for phase in range(2 * shape.rounds)
+    ]
+    job = {
+        "model": str(runner.model),
+        "engine": {
+            "dtype": runner.plan.dtype,
+            "max_model_len": shape.long_tokens + 256,
+            "max_num_batched_tokens": 2048,
+            "enable_prefix_caching": True,
+        },
+        "kv": {
+            "kv_connector": "StoreConnector",
+            "kv_connector_module_path": "kvmux.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"store": {**store, "async_loads": mode}},
+        },
+        "warmup": runner.tokens(1, 256),
+        "long_prompts": long_prompts,
+        "decoders": decoders,
+        "gap_steps": shape.gap_steps,
+        "rounds": shape.rounds,
+        "decode_tokens": shape.loaders * shape.gap_steps + 64,  # decoding past the last load
+    }
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4"}
+    result = run_engine_job(job, env=env, module=DECODE_JOB, timeout=3600)
+    return itl_row(tier, mode, shape, result)
+
+
+def async_loads(runner: Runner, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Workload (d) over every tier of ``LOADING_TIERS``: one row each."""
+    rows = []
+    for tier, mode in LOADING_TIERS:
+        progress(f"loads while decoding: {tier} ({mode})")
+        rows.append(loads_while_decoding(runner, tier, mode))
     return rows

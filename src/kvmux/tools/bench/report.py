@@ -139,7 +139,12 @@ def _stores_chart(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def _grouped_chart(
-    out: Path, name: str, title: str, rows: list[dict[str, Any]], series: dict[str, str]
+    out: Path,
+    name: str,
+    title: str,
+    rows: list[dict[str, Any]],
+    series: dict[str, str],
+    ylabel: str = "seconds",
 ) -> bool:
     """One bar group per row (by config), one bar per series key; False if nothing to draw."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -165,7 +170,7 @@ def _grouped_chart(
     ax.set_xticks(
         range(len(rows)), [str(r["config"]).replace("kvmux-", "kvmux-\n") for r in rows], fontsize=8
     )
-    ax.set_ylabel("seconds")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
@@ -196,6 +201,16 @@ def _e2e_charts(data: Mapping[str, Any], out: Path) -> list[str]:
         {"ttft_p50_s": "p50", "ttft_p90_s": "p90"},
     ):
         lines += ["![reuse](reuse.png)", ""]
+    loading = [r for r in data.get("async_loads", []) if isinstance(r, dict)]
+    if _grouped_chart(
+        out,
+        "itl.png",
+        "Decode inter-token latency p99 while long prompts load",
+        loading,
+        {"itl_p99_ms_no_load": "nothing loading", "itl_p99_ms_loading": "while loading"},
+        ylabel="milliseconds",
+    ):
+        lines += ["![itl](itl.png)", ""]
     return lines
 
 
