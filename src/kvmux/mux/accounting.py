@@ -37,6 +37,10 @@ class FinishTracker:
                 done.add(req_id)
         return done
 
+    def fail(self, req_id: str) -> None:
+        """``req_id`` failed, whoever finishes it: it is reported failed once complete."""
+        self._failed.add(req_id)
+
     def abandon_child(self, child: int) -> set[str]:
         """A child died: what it owes counts as finished (and failed)."""
         owing = [req_id for req_id, owed in self._waiting.items() if child in owed]

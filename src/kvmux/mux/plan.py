@@ -10,6 +10,7 @@ __all__ = ["EMPTY_STEP", "MuxStepPlan"]
 _NO_BLOCKS: list[int] = []
 _NO_REQUESTS: dict[str, set[int]] = {}
 _NO_CHILDREN: set[int] = set()
+_NO_FAILED_LOADS: set[str] = set()
 
 
 class MuxStepPlan:
@@ -20,7 +21,14 @@ class MuxStepPlan:
     ``load_blocks`` directly).
     """
 
-    __slots__ = ("async_loaders", "async_savers", "cut_off", "failed_blocks", "load_blocks")
+    __slots__ = (
+        "async_loaders",
+        "async_savers",
+        "cut_off",
+        "failed_blocks",
+        "failed_loads",
+        "load_blocks",
+    )
 
     def __init__(self) -> None:
         self.load_blocks: dict[int, list[int]] = {}  # child -> blocks it loads
@@ -28,6 +36,7 @@ class MuxStepPlan:
         self.async_loaders = _NO_REQUESTS  # req -> children loading it
         self.async_savers = _NO_REQUESTS  # req -> children saving it
         self.cut_off = _NO_CHILDREN  # children that neither load nor save
+        self.failed_loads = _NO_FAILED_LOADS  # async requests that lost a loader
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -38,6 +47,12 @@ class MuxStepPlan:
         if self.failed_blocks is _NO_BLOCKS:
             self.failed_blocks = []
         self.failed_blocks.extend(blocks)
+
+    def fail_load(self, req_id: str) -> None:
+        """The asynchronous load of ``req_id`` lost a loader: the request's load failed."""
+        if self.failed_loads is _NO_FAILED_LOADS:
+            self.failed_loads = set()
+        self.failed_loads.add(req_id)
 
     def expect_loaders(self, req_id: str, children: set[int]) -> None:
         """``req_id`` finishes receiving once every one of ``children`` (maybe none) reported."""
@@ -58,8 +73,10 @@ class MuxStepPlan:
         self.cut_off.add(child)
         if child in self.load_blocks:
             self.add_failed(self.load_blocks.pop(child))
-        for loaders in self.async_loaders.values():
-            loaders.discard(child)
+        for req_id, loaders in self.async_loaders.items():
+            if child in loaders:
+                loaders.discard(child)
+                self.fail_load(req_id)
 
 
 EMPTY_STEP = MuxStepPlan()  # a step with nothing in it; never changed (the workers only read)

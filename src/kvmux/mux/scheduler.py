@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -13,6 +14,7 @@ from kvmux.policies.selection import SCORE_CAPS, Answer, Contribution, Offer, se
 
 __all__ = ["MuxScheduler", "TransferParamsClash"]
 
+log = logging.getLogger("kvmux.mux")
 _MISS: Answer = (0, False)  # what a failing or cut-off child offers
 _new = tuple.__new__  # Contribution(...) without NamedTuple's Python-level __new__ (per hit)
 
@@ -31,6 +33,7 @@ class MuxScheduler:
         policy: str,
         offset_capable: Sequence[bool],
         block_size: int,
+        async_only: bool = False,
     ):
         self.children = children
         self.guards = guards
@@ -43,6 +46,10 @@ class MuxScheduler:
         # request -> its load plan, while it has one (only requests something loads)
         self.plans: dict[str, list[Contribution]] = {}
         self._step: MuxStepPlan | None = None  # made when the first thing is put in it
+        # a model with several KV cache groups: vLLM takes its load failures only per
+        # request (failed_recving), so only asynchronous offers are taken
+        self.async_only = async_only
+        self._declined: set[int] = set()  # children whose synchronous offer was declined
 
     def _answer(self, i: int, request: Any, start: int) -> tuple[int | None, bool]:
         """Child ``i``'s offer from ``start`` on, guarded; a lookup counted."""
@@ -60,7 +67,21 @@ class MuxScheduler:
 
     def _ask(self, request: Any, i: int, start: int) -> Offer | None:
         tokens, is_async = self._answer(i, request, start)
+        if tokens and not is_async and self.async_only:
+            tokens = self._decline(i)
         return None if tokens is None else Offer(start, tokens, is_async)
+
+    def _decline(self, i: int) -> int:
+        """Child ``i`` offered a synchronous load to a model with several KV cache groups."""
+        if i not in self._declined:
+            self._declined.add(i)
+            log.warning(
+                "kvmux mux: child %s offers synchronous loads; with several KV cache groups "
+                "only asynchronous loads are taken (vLLM accepts their failures only per "
+                "request), so its hits are not used",
+                self.guards[i].label,
+            )
+        return 0
 
     def lookup(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
         """Tokens the children can load together, per the policy; None while one looks."""
@@ -88,6 +109,8 @@ class MuxScheduler:
             if tokens is None:
                 looking = True
                 continue
+            if tokens and not is_async and self.async_only:
+                tokens = self._decline(i)
             score = tokens if tokens < cap else cap
             if score > top:
                 best, top, best_tokens, best_async = i, score, tokens, is_async
@@ -174,6 +197,8 @@ class MuxScheduler:
                 known.extend(owned)
         else:
             step.add_failed(owned)
+            if is_async:
+                step.fail_load(request.request_id)
         if is_async:
             step.expect_loaders(request.request_id, {loader} if loads else set())
 
@@ -208,6 +233,8 @@ class MuxScheduler:
                 step.load_blocks.setdefault(i, []).extend(owned)
             else:
                 step.add_failed(owned)
+                if share.is_async:
+                    step.fail_load(request.request_id)
             if share.is_async:
                 loaders = set() if loaders is None else loaders
                 if loads:

@@ -54,9 +54,13 @@ class MuxWorker:
         guards: Sequence[ChildGuard],
         give_up_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        per_request_failures: bool = False,
     ):
         self.children = children
         self.guards = guards
+        # several KV cache groups: vLLM takes load failures only as failed requests (block
+        # ids are unique only within a group); the mux's own failed blocks stay internal
+        self.per_request_failures = per_request_failures
         pairs = zip(children, guards, strict=True)
         self._all: Sequence[Child] = [(i, c, g) for i, (c, g) in enumerate(pairs)]
         self._give_up_seconds = give_up_seconds  # how long a failing child's sends are held
@@ -129,6 +133,9 @@ class MuxWorker:
                 self.recving.expect(req_id, children)
             else:
                 self._done_recving.add(req_id)
+        if self.per_request_failures:
+            for req_id in plan.failed_loads:
+                self.recving.fail(req_id)
         for req_id, children in plan.async_savers.items():
             self.sending.expect(req_id, children)
 
@@ -346,8 +353,11 @@ class MuxWorker:
                     guard.fail("kvmux_drop_saves_over", exc)
 
     def load_errors(self) -> set[int]:
-        """Blocks that failed to load this step, from any child or from the mux itself."""
+        """Blocks that failed to load this step, from any child or from the mux itself
+        (with per-request failures: the children's only; the mux fails the requests)."""
         errors, self._load_errors = self._load_errors, set()
+        if self.per_request_failures:
+            errors = set()
         for _, child, guard in self._all:  # _gather_load_errors, without the call
             try:
                 found = child.get_block_ids_with_load_errors()

@@ -93,11 +93,20 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
             self._guards.append(ChildGuard(label, breaker, self._notices))
         offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
         block_size = int(vllm_config.cache_config.block_size)
+        several_groups = _group_count(kv_cache_config) > 1  # failures go per request
         self._scheduler = MuxScheduler(
-            self._children, self._guards, self.config.policy, offset_capable, block_size
+            self._children,
+            self._guards,
+            self.config.policy,
+            offset_capable,
+            block_size,
+            async_only=several_groups,
         )
         self._worker = MuxWorker(
-            self._children, self._guards, give_up_seconds=self.config.breaker_max_seconds
+            self._children,
+            self._guards,
+            give_up_seconds=self.config.breaker_max_seconds,
+            per_request_failures=several_groups,
         )
         self._pairs = list(zip(self._children, self._guards, strict=True))
         self._all = [(i, c, g) for i, (c, g) in enumerate(self._pairs)]
@@ -618,7 +627,7 @@ def _refuse_hybrid_without_hma(
     children: list[tuple[str, type[Any], Any]], kv_cache_config: Any
 ) -> None:
     """A model with several KV cache groups needs every child to handle them (SupportsHMA)."""
-    groups = len(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    groups = _group_count(kv_cache_config)
     if groups <= 1:
         return
     unable = [label for label, cls, _ in children if not supports_hma(cls)]
@@ -635,3 +644,8 @@ def _overriding(children: list[Child], hook: str) -> list[Child]:
     """The children whose class overrides ``hook`` of the base class."""
     base = getattr(KVConnectorBase_V1, hook)
     return [child for child in children if getattr(type(child[1]), hook, None) is not base]
+
+
+def _group_count(kv_cache_config: KVCacheConfig | None) -> int:
+    """How many KV cache groups the model has (0 when vLLM gives no KV cache config)."""
+    return len(getattr(kv_cache_config, "kv_cache_groups", None) or ())

@@ -41,6 +41,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -301,3 +302,14 @@ class ScriptedConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         self._record("shutdown")
+
+
+class ScriptedHMAConnector(ScriptedConnector, SupportsHMA):
+    """A scripted child that handles models with several KV cache groups."""
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, Any]:
+        self._record("request_finished_all_groups", request.request_id, block_ids)
+        params = self.script.get("params")
+        return bool(self.script.get("async_save", False)), copy.deepcopy(params)

@@ -1355,3 +1355,87 @@ def test_error_in_child_stats_is_reported() -> None:
     second = mux.get_kv_connector_stats()
     reported = sum(s.counters()[A]["errors"] for s in (first, second) if s is not None)
     assert reported == 2.0  # stats are asked for past an open breaker too: both errors count
+
+
+# -- several KV cache groups: load failures go per request ------------------------------
+
+
+def hybrid_child(name: str, **script: Any) -> dict[str, Any]:
+    """A scripted child that supports several KV cache groups."""
+    return {**child(name, **script), "kv_connector": "ScriptedHMAConnector"}
+
+
+class HybridEngine(Engine):
+    """An Engine whose model has two KV cache groups."""
+
+    def __init__(self, *children: dict[str, Any], **extra: Any):
+        two_groups = SimpleNamespace(kv_cache_groups=[object(), object()])
+        self.sched = MuxConnector(vllm_config(*children, **extra), SCHEDULER, two_groups)
+        self.worker = MuxConnector(vllm_config(*children, **extra), WORKER, two_groups)
+        self.output = SimpleNamespace(finished_req_ids=set())
+
+
+def hybrid_compose(a: dict[str, Any] | None = None, b: dict[str, Any] | None = None) -> Engine:
+    """As compose_engine, over two KV cache groups: a loads [16, 48), b loads [48, 64)."""
+    return HybridEngine(
+        hybrid_child("a", **{"offer": {16: 32}, "offset_capable": True, **(a or {})}),
+        hybrid_child("b", **{"offer": {48: 16}, "offset_capable": True, **(b or {})}),
+        policy="compose",
+    )
+
+
+def test_several_groups_take_only_asynchronous_offers(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM takes a hybrid model's load failures only per request: a synchronous load
+    could fail only as block ids, which stop vLLM 0.32, so it is declined (once logged)."""
+    engine = HybridEngine(
+        hybrid_child("a", offer=32), hybrid_child("b", offer=16, **{"async": True})
+    )
+    assert engine.schedule(request(), computed=16) == (16, True)  # b's, though a offers more
+    assert args_of("a", "update_state_after_alloc") == [("r1", BLOCK_IDS, 0)]
+    engine.schedule(request("r2"), computed=16)
+    assert sum("synchronous loads" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_several_groups_fail_the_request_not_its_blocks_when_a_loader_raises() -> None:
+    engine = hybrid_compose(a={"async": True, "raise_in": ["start_load_kv"]}, b={"async": True})
+    engine.schedule(request(), computed=16)
+    assert engine.step().load_errors == set()  # never block ids: vLLM would stop
+    script("b")["finished_recving"] = ["r1"]
+    results = engine.step().results
+    assert results.finished_recving == {"r1"}
+    assert results.failed_recving == {"r1"}
+
+
+def test_several_groups_fail_the_request_of_a_loader_cut_off_before_alloc(
+    clock: Clock,
+) -> None:
+    engine = hybrid_compose(a={"async": True}, b={"async": True})
+    assert engine.sched.get_num_new_matched_tokens(request(), 16) == (48, True)
+    guard(engine.sched, 0).force_open()
+    engine.sched.update_state_after_alloc(request(), Blocks(BLOCK_IDS), 48)
+    step = engine.step()
+    assert step.meta.plan.failed_loads == {"r1"}
+    assert step.load_errors == set()
+    script("b")["finished_recving"] = ["r1"]
+    results = engine.step().results
+    assert (results.finished_recving, results.failed_recving) == ({"r1"}, {"r1"})
+
+
+def test_several_groups_fail_the_request_of_a_child_cut_off_at_its_step(clock: Clock) -> None:
+    engine = HybridEngine(hybrid_child("a", offer=32, **{"async": True}))
+    engine.schedule(request(), computed=16)
+    guard(engine.sched, 0).force_open()
+    step = engine.step()
+    assert step.meta.plan.failed_loads == {"r1"}
+    assert step.load_errors == set()
+    assert (step.results.finished_recving, step.results.failed_recving) == ({"r1"}, {"r1"})
+
+
+def test_one_group_keeps_block_level_failures_for_a_cut_off_child(clock: Clock) -> None:
+    """With one group, vLLM keeps the prefix below failed blocks: no request fails."""
+    engine = Engine(child("a", offer=32, **{"async": True}))
+    engine.schedule(request(), computed=16)
+    guard(engine.sched, 0).force_open()
+    step = engine.step()
+    assert step.load_errors == {101, 102}
+    assert (step.results.finished_recving, step.results.failed_recving) == ({"r1"}, set())
