@@ -26,6 +26,7 @@ from tests.integration.conftest import (
     results,
     store_kv,
 )
+from tests.support.engine_log import unexpected_tracebacks
 
 pytestmark = pytest.mark.vllm
 
@@ -145,4 +146,42 @@ def test_a_corrupt_entry_is_recomputed_without_stopping_the_engine(
     assert_same_logprobs(again, reference, 2)
     stats = run["stats"]["disk"]
     assert stats["load_errors"] == 1
-    assert "Traceback" not in run["log"]
+    assert unexpected_tracebacks(run["log"]) == []
+
+
+def test_mux_fails_the_request_not_its_blocks_when_a_child_loads_a_corrupt_entry(
+    run_hybrid: Run, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    """MuxConnector over two disk tiers on the hybrid model: a corrupt entry in the first
+    fails the request (block ids would stop vLLM 0.32); its output stays exact, it is
+    served again below the failure (or by the second tier), and the next hit is whole."""
+    a = {"type": "disk", "name": "a", "path": str(tmp_path / "a"), "capacity": "256MiB"}
+    b = {"type": "disk", "name": "b", "path": str(tmp_path / "b"), "capacity": "256MiB"}
+    kv = {
+        "kv_connector": "MuxConnector",
+        "kv_connector_module_path": "kvmux.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"policy": "first", "tiers": [a, b]},
+    }
+    steps = [
+        generate(SHORT),
+        {"op": "sleep", "seconds": 0.5},  # the writer threads store the entries
+        {"op": "corrupt", "path": a["path"], "count": 1},
+        RESET,
+        generate(SHORT, logprobs=True),
+        {"op": "sleep", "seconds": 0.5},
+        RESET,
+        generate(SHORT, logprobs=True),
+    ]
+    run = run_hybrid(steps, kv=kv)
+    assert results(run, "corrupt")[0]["corrupted"]
+    cold, failed, again = results(run)
+    assert cold["num_cached_tokens"] == [0]
+    assert again["num_cached_tokens"] == [2 * BLOCK]
+    assert_same_logprobs(failed, reference, 2)
+    assert_same_logprobs(again, reference, 2)
+    assert run["stats"]["a"]["load_errors"] == 1
+    assert run["stats"]["b"]["load_errors"] == 0
+    for label, counters in run["mux"].items():
+        assert counters.get("errors", 0) == 0, label
+    assert unexpected_tracebacks(run["log"]) == []
