@@ -13,7 +13,14 @@ from tqdm import tqdm
 
 from kvmux.tools.bench.bars import evaluate_bars
 from kvmux.tools.bench.configs import CONFIGS
-from kvmux.tools.bench.e2e import Runner, long_prompts, mux_overhead, no_reuse, reuse_workload
+from kvmux.tools.bench.e2e import (
+    Runner,
+    async_loads,
+    long_prompts,
+    mux_overhead,
+    no_reuse,
+    reuse_workload,
+)
 from kvmux.tools.bench.microbench import run_store_bench
 from kvmux.tools.bench.peers import LMCacheServer
 from kvmux.tools.bench.profiles import FULL, QUICK, BenchPlan
@@ -88,6 +95,8 @@ def run_bench(
                 _rows(_guarded(config, partial(fn, runner, config)))
             )
         results["overhead"] = _rows(_guarded("overhead", lambda: mux_overhead(runner, tqdm.write)))
+        loading = _guarded("async_loads", lambda: async_loads(runner, tqdm.write))
+        results["async_loads"] = _rows(loading)
     finally:
         redis.stop()
         if lmcache is not None:
