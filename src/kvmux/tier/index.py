@@ -110,6 +110,50 @@ class RecentSaves:
             self._planned.clear()
 
 
+class LostKeys:
+    """Keys the store answered for but that did not load (corrupt, forged, evicted since).
+
+    They count as absent, in lookups and for saves, until this engine saves them again:
+    a request is not offered a block that just failed, and the engine's own entry
+    replaces one that does not verify. The oldest are forgotten past ``max_keys``.
+    """
+
+    def __init__(self, max_keys: int = 65536):
+        self._max_keys = max_keys
+        self._lost: OrderedDict[BlockKey, None] = OrderedDict()
+        self._lock = threading.Lock()  # remote lookups read from a thread
+
+    def add(self, keys: Iterable[BlockKey]) -> None:
+        """Note keys that could not be loaded or saved."""
+        with self._lock:
+            for key in keys:
+                self._lost[key] = None
+            while len(self._lost) > self._max_keys:
+                self._lost.popitem(last=False)
+
+    def discard(self, keys: Iterable[BlockKey]) -> None:
+        """Keys saved again: the store's answer holds for them once more."""
+        with self._lock:
+            if self._lost:
+                for key in keys:
+                    self._lost.pop(key, None)
+
+    def usable(self, keys: Sequence[BlockKey]) -> int:
+        """How many of ``keys``, from the first, are not lost."""
+        with self._lock:
+            if not self._lost:
+                return len(keys)
+            for index, key in enumerate(keys):
+                if key in self._lost:
+                    return index
+            return len(keys)
+
+    def clear(self) -> None:
+        """Forget everything (a new generation)."""
+        with self._lock:
+            self._lost.clear()
+
+
 class SharedStoreView(TierView):
     """A store both halves can open (disk, Redis): ask it directly; errors are misses.
 
@@ -124,12 +168,17 @@ class SharedStoreView(TierView):
         self._generation: int | None = None  # the last generation read from the store
         self._failing: set[str] = set()  # kinds of call failing now (logged once)
         self._recent = RecentSaves()
+        self._lost = LostKeys()
 
     def count_prefix(self, keys: Sequence[BlockKey]) -> int:
-        """Ask the store, then count on through saves still being written.
+        """Ask the store, then count on through saves still being written; stop at a key
+        that failed to load (``LostKeys``).
 
         A failing store holds nothing, saves in flight included.
         """
+        keys = keys[: self._lost.usable(keys)]
+        if not keys:
+            return 0
         held = self._guarded(
             "lookup", lambda: self._store.count_prefix([store_key(k, 0) for k in keys]), None
         )
@@ -139,12 +188,17 @@ class SharedStoreView(TierView):
 
     def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
         """Count the keys as held while they are written; the store evicts on its own."""
+        keys = list(keys)
+        self._lost.discard(keys)
         self._recent.add(keys)
         return []
 
     def forget(self, keys: Iterable[BlockKey]) -> None:
-        """Saves dropped or failed, or entries that could not be loaded."""
+        """Saves dropped or failed, or entries that could not be loaded: absent until
+        saved again."""
+        keys = list(keys)
         self._recent.discard(keys)
+        self._lost.add(keys)
 
     def contains(self, key: BlockKey) -> bool:
         """Ask the store; a failing store holds nothing."""
@@ -166,6 +220,7 @@ class SharedStoreView(TierView):
             return False
         self._generation = new
         self._recent.clear()
+        self._lost.clear()
         return True
 
     def _guarded(self, what: str, call: Callable[[], T], default: T) -> T:

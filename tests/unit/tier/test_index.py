@@ -8,7 +8,13 @@ from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores import MemoryStore
-from kvmux.tier.index import MirrorIndex, RecentSaves, RemoteStoreView, SharedStoreView
+from kvmux.tier.index import (
+    LostKeys,
+    MirrorIndex,
+    RecentSaves,
+    RemoteStoreView,
+    SharedStoreView,
+)
 
 
 def _k(i: int) -> bytes:
@@ -156,6 +162,34 @@ def test_recent_saves_expire_and_stay_bounded() -> None:
     recent.add(keys)
     assert recent.count_prefix(keys[1:]) == 2
     assert recent.count_prefix(keys) == 0  # the oldest went past the bound
+
+
+def test_a_key_that_failed_to_load_is_absent_until_saved_again() -> None:
+    """The store still holds a forged or corrupt entry: it is not offered again, and
+    the next save of its block is planned (and written over it)."""
+    store = MemoryStore(1 << 20)
+    view = SharedStoreView(store, TierStats())
+    keys = [BlockKey(_k(i)) for i in range(4)]
+    for key in keys:
+        store.put(store_key(key, 0), b"entry")
+    view.forget([keys[2]])  # its entry did not load
+    assert view.count_prefix(keys) == 2
+    assert not view.contains(keys[2])
+    assert view.contains(keys[3])
+    view.record_saved([keys[2]])
+    assert view.count_prefix(keys) == 4
+    view.forget([keys[0]])
+    assert view.reset()  # a new generation: nothing of the old one is lost
+    assert view.count_prefix(keys) == 4
+
+
+def test_lost_keys_stay_bounded() -> None:
+    lost = LostKeys(max_keys=2)
+    keys = [BlockKey(_k(i)) for i in range(3)]
+    lost.add(keys)
+    assert lost.usable(keys) == 1  # the oldest went past the bound
+    lost.discard(keys[1:2])
+    assert lost.usable(keys) == 2
 
 
 class _FailingStore(MemoryStore):
