@@ -33,6 +33,7 @@ __all__ = ["FinishedLoads", "TierWorker"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _READERS = 4
+UNVERIFIED_KEPT = 4096  # keys of entries that failed verification, remembered to replace
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ class TierWorker:
         self._load_errors: set[int] = set()
         self._failed_this_step: set[int] = set()  # blocks whose load failed, until the save
         self._missing: set[BlockKey] = set()
+        # entries that failed verification: replaced when the block is saved again
+        # (insertion-ordered, the oldest forgotten past UNVERIFIED_KEPT); guarded by
+        # _pending_lock (loads note them on loader threads, the writer thread reads them)
+        self._unverified: dict[bytes, None] = {}
         self._warned: set[str] = set()
 
     @property
@@ -206,6 +211,7 @@ class TierWorker:
             self._movers[transfer.group].copy_in(transfer.block_id, entry)
         except UnverifiedEntry as exc:  # not deleted: it may be another key holder's
             self._stats.add(unverified_entries=1)
+            self._note_unverified(skey)
             self._warn_once(
                 "unverified",
                 "kvmux tier %s: unverified entry, recomputing: %s",
@@ -221,6 +227,24 @@ class TierWorker:
             return False
         self._stats.add(bytes_loaded=len(data))
         return True
+
+    def _note_unverified(self, skey: bytes) -> None:
+        """An entry under ``skey`` did not verify: this engine's own save of it replaces it."""
+        with self._pending_lock:
+            self._unverified[skey] = None
+            if len(self._unverified) > UNVERIFIED_KEPT:
+                del self._unverified[next(iter(self._unverified))]
+
+    def _replace_unverified(self, keys: list[bytes]) -> None:
+        """Delete the stored entries of ``keys`` that did not verify: this save replaces them."""
+        with self._pending_lock:
+            if not self._unverified:
+                return
+            found = [key for key in keys if key in self._unverified]
+            for key in found:
+                del self._unverified[key]
+        for key in found:
+            self._drop(key)
 
     def _drop(self, skey: bytes) -> None:
         self._guarded("delete", self._store.delete, skey, None)
@@ -346,6 +370,7 @@ class TierWorker:
         for skey in evictions:
             self._drop(skey)
         started = time.perf_counter()
+        self._replace_unverified(keys)
         held = self._guarded("lookup", self._store.contains_many, keys, [False] * len(keys))
         rows = [row for row in range(len(keys)) if not held[row]]
         items = [

@@ -465,6 +465,32 @@ def test_signed_saves_load_and_unsigned_entries_do_not(make_worker: MakeWorker) 
         signer.close()
 
 
+def test_an_entry_that_did_not_verify_is_written_over_by_the_next_save() -> None:
+    """A forged entry costs one miss: the engine's own signed entry replaces it."""
+    keys = SigningKeys.parse("k1:" + "5a" * 32)
+    other = SigningKeys.parse("k1:" + "a5" * 32)
+    store = MemoryStore(1 << 20)
+    source = _caches("blocks_first", random=True)
+    forger = TierWorker(store, NS, 0, TierStats(), signing=other)
+    forger.register(source, NUM_BLOCKS)
+    stats = TierStats()
+    worker = TierWorker(store, NS, 0, stats, signing=keys)
+    worker.register(source, NUM_BLOCKS)
+    try:
+        _save(forger, (K1, 1), (K3, 2))
+        worker.load([BlockTransfer(K1, 4)])
+        assert worker.take_load_errors() == {4}
+        _save(worker, (K1, 1), (K3, 2))  # computed again, saved: K1 replaced, K3 left alone
+        assert stats.saved_blocks == 1
+        worker.load([BlockTransfer(K1, 5), BlockTransfer(K3, 6)])
+        assert worker.take_load_errors() == {6}  # K3 was never read, so it stays the forger's
+        for tensor in source.values():
+            assert torch.equal(tensor[5], tensor[1])
+    finally:
+        forger.close()
+        worker.close()
+
+
 class BuggyStore(MemoryStore):
     """A store with a bug: it raises something that is not a StoreError."""
 
