@@ -2,14 +2,24 @@
 
 Each layer's cache is a tensor with one dimension indexing blocks (dimension 0 on the
 CPU backend, 1 on backends that keep K and V apart in front). One block of one layer
-is treated as an opaque unit and copied whole, on the device of the KV tensors; host
-copies of device memory go through pinned buffers.
+is treated as an opaque unit and copied whole, on the device of the KV tensors.
+
+The same calls serve a KV cache in host memory and one on a GPU. On the host, a copy is
+done when the call returns. On CUDA (written for it, not run in CI: see
+``scripts/gpu_check.sh``), as in vLLM's kv_offload worker: saves are gathered per layer
+on a stream of their own, after an event that marks the forward pass's writes, into
+pinned host memory, and the host never waits for them; the forward stream waits for the
+copy's event before it touches the KV cache again (blocks may be reused). Loads stage
+each layer's blocks in pinned memory and copy them in with one transfer and one
+``index_copy_`` per layer on the current stream (the loader's own stream for
+asynchronous loads), so nothing but the GPU orders them before the forward pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy
 import torch
@@ -17,7 +27,7 @@ import torch
 from kvmux.codec import DecodedEntry, LayerSpec
 from kvmux.errors import CorruptEntry
 
-__all__ = ["BlockMover", "CopyStream"]
+__all__ = ["BlockMover", "CopyStream", "HostCopies"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -39,6 +49,22 @@ def _block_dim(tensor: torch.Tensor, num_blocks: int | None) -> int:
     return 0
 
 
+class HostCopies:
+    """Host copies of some blocks, one tensor per layer, perhaps still in flight (CUDA)."""
+
+    def __init__(self, tensors: list[torch.Tensor], done: Any = None):
+        self._tensors = tensors
+        self._done = done  # a torch.cuda.Event recorded after the copies, or None
+
+    def wait(self) -> list[torch.Tensor]:
+        """The copies, once they have landed (blocks the calling thread, never the GPU)."""
+        done = self._done
+        if done is not None:
+            done.synchronize()
+            self._done = None
+        return self._tensors
+
+
 class BlockMover:
     """Copies whole blocks of every layer out to host tensors and back in."""
 
@@ -53,30 +79,81 @@ class BlockMover:
             specs.append(LayerSpec(shape=shape, dtype=_NAMES[tensor.dtype]))
         self.layer_specs = tuple(specs)
         self.device = self._layers[0].device if self._layers else torch.device("cpu")
+        self._on_gpu = self.device.type == "cuda"
+        self._save_stream: Any = None  # made at the first save from a GPU cache
 
     def copy_out(self, block_ids: Sequence[int]) -> list[torch.Tensor]:
         """Host copies, one per layer, shaped ``[len(block_ids), *block_shape]``."""
-        index = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+        return self.start_copy_out(block_ids).wait()
+
+    def start_copy_out(self, block_ids: Sequence[int]) -> HostCopies:
+        """Start copying the blocks out, one host tensor per layer; ``wait`` for them."""
+        if self._on_gpu:
+            return self._gpu_copy_out(block_ids)
+        index = torch.tensor(list(block_ids), dtype=torch.long)
+        copies = [
+            tensor.index_select(dim, index).movedim(dim, 0).contiguous()
+            for tensor, dim in zip(self._layers, self._dims, strict=True)
+        ]
+        return HostCopies(copies)
+
+    def _gpu_copy_out(self, block_ids: Sequence[int]) -> HostCopies:
+        """One gather and one device-to-host copy per layer on the save stream."""
+        if self._save_stream is None:
+            self._save_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        forward = torch.cuda.current_stream(self.device)
+        written = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        written.record(forward)  # the forward pass's writes into the KV cache
+        stream = self._save_stream
         copies = []
-        for tensor, dim in zip(self._layers, self._dims, strict=True):
-            picked = tensor.index_select(dim, index).movedim(dim, 0)
-            if picked.device.type == "cpu":
-                copies.append(picked.contiguous())
-            else:
+        with torch.cuda.stream(stream):
+            stream.wait_event(written)
+            index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=True)
+            index = index.to(self.device, non_blocking=True)
+            for tensor, dim in zip(self._layers, self._dims, strict=True):
+                picked = tensor.index_select(dim, index).movedim(dim, 0)
                 host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
-                host.copy_(picked)
+                host.copy_(picked, non_blocking=True)
                 copies.append(host)
-        return copies
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(stream)
+        forward.wait_event(done)  # later kernels may reuse the blocks: after the copy
+        return HostCopies(copies, done)
 
     @staticmethod
     def block_parts(copies: Sequence[torch.Tensor], row: int) -> list[memoryview]:
         """Raw bytes of block ``row`` of each layer copy, without copying."""
         return [c[row].view(torch.uint8).numpy().data.cast("B") for c in copies]
 
-    def copy_in(self, block_id: int, entry: DecodedEntry) -> None:
-        """Write a verified entry into block ``block_id`` of every layer."""
+    def check(self, entry: DecodedEntry) -> None:
+        """Raise CorruptEntry unless ``entry`` has this cache's layer shapes and dtypes."""
         if entry.layers != self.layer_specs:
             raise CorruptEntry("entry layer shapes or dtypes differ from this engine's cache")
+
+    def copy_in_many(self, block_ids: Sequence[int], entries: Sequence[DecodedEntry]) -> None:
+        """Write checked entries (see ``check``) into their blocks of every layer."""
+        if not self._on_gpu:
+            for block_id, entry in zip(block_ids, entries, strict=True):
+                self.copy_in(block_id, entry)
+            return
+        index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=True)
+        index = index.to(self.device, non_blocking=True)
+        offsets = [entry.layer_offsets() for entry in entries]
+        for layer, (tensor, dim, spec) in enumerate(
+            zip(self._layers, self._dims, self.layer_specs, strict=True)
+        ):
+            staged = torch.empty((len(entries), spec.nbytes), dtype=torch.uint8, pin_memory=True)
+            rows = staged.numpy()
+            for row, entry in enumerate(entries):
+                start = offsets[row][layer]
+                rows[row] = numpy.frombuffer(entry.payload, numpy.uint8, spec.nbytes, start)
+            blocks = staged.to(self.device, non_blocking=True)
+            blocks = blocks.view(_DTYPES[spec.dtype]).view(len(entries), *spec.shape)
+            tensor.index_copy_(dim, index, blocks.movedim(0, dim))
+
+    def copy_in(self, block_id: int, entry: DecodedEntry) -> None:
+        """Write a verified entry into block ``block_id`` of every layer."""
+        self.check(entry)
         offsets = entry.layer_offsets()
         for tensor, dim, spec, offset in zip(
             self._layers, self._dims, self.layer_specs, offsets, strict=True

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch
 
 from kvmux import codec
-from kvmux.codec import LayerSpec, SigningKeys
+from kvmux.codec import DecodedEntry, LayerSpec, SigningKeys
 from kvmux.config import DEFAULT_SAVE_QUEUE
 from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
 from kvmux.keys import BlockKey, store_key
@@ -26,7 +26,7 @@ from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
 from kvmux.tier.loader import AsyncLoader, FinishedLoads
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
-from kvmux.tier.transfer import BlockMover, CopyStream
+from kvmux.tier.transfer import BlockMover, CopyStream, HostCopies
 
 __all__ = ["FinishedLoads", "TierWorker"]
 
@@ -41,12 +41,12 @@ class _Copied:
     """One block copied out: its group's layer specs, the group's host copies, its row."""
 
     specs: tuple[LayerSpec, ...]
-    copies: list[torch.Tensor]
+    copies: HostCopies
     row: int
 
     def parts(self) -> list[memoryview]:
-        """Raw bytes of the block's layers, without copying."""
-        return BlockMover.block_parts(self.copies, self.row)
+        """Raw bytes of the block's layers, without copying (once the copies landed)."""
+        return BlockMover.block_parts(self.copies.wait(), self.row)
 
 
 def _only(kv_caches: dict[str, torch.Tensor], names: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -142,18 +142,41 @@ class TierWorker:
         """Read, verify and copy in each block; whether each landed (failures counted)."""
         started = time.perf_counter()
         keys = [self._skey(t.key) for t in transfers]
-        landed = []
         entries = self._fetch_all(keys, parallel)
-        for data, transfer, skey in zip(entries, transfers, keys, strict=True):
-            ok = data is not None and self._install(transfer, skey, data)
+        verified = [
+            None if data is None else self._verified(transfer, skey, data)
+            for data, transfer, skey in zip(entries, transfers, keys, strict=True)
+        ]
+        landed = self._copy_in(transfers, verified)
+        for transfer, ok in zip(transfers, landed, strict=True):
             if not ok:
                 self._report_missing([transfer.key])
-            landed.append(ok)
         self._stats.add(
             loaded_blocks=sum(landed),
             load_errors=len(landed) - sum(landed),
             load_seconds=time.perf_counter() - started,
         )
+        return landed
+
+    def _copy_in(
+        self, transfers: Sequence[BlockTransfer], entries: Sequence[DecodedEntry | None]
+    ) -> list[bool]:
+        """Copy the verified entries in, one batch per KV cache group; what landed."""
+        rows_of: dict[int, list[int]] = {}
+        for row, (transfer, entry) in enumerate(zip(transfers, entries, strict=True)):
+            if entry is not None:
+                rows_of.setdefault(transfer.group, []).append(row)
+        landed = [False] * len(transfers)
+        for group, rows in rows_of.items():
+            blocks = [transfers[row].block_id for row in rows]
+            batch = [entry for row in rows if (entry := entries[row]) is not None]
+            try:
+                self._movers[group].copy_in_many(blocks, batch)
+            except Exception as exc:  # a bug, never wrong KV: the blocks are recomputed
+                self._warn_once("copy", "kvmux tier %s: copy-in failed: %r", self._store.name, exc)
+                continue
+            for row in rows:
+                landed[row] = True
         return landed
 
     def start_loads(self, loads: Sequence[RequestLoad]) -> None:
@@ -204,11 +227,12 @@ class TierWorker:
                 log.debug("kvmux tier %s: unexpected store failure", self._store.name, exc_info=exc)
             return default
 
-    def _install(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> bool:
+    def _verified(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> DecodedEntry | None:
+        """The decoded entry if it verifies and fits this engine's cache; else None (counted)."""
         assert transfer.group < len(self._movers), "a transfer of a group this worker lacks"
         try:
             entry = codec.decode(data, self._namespace, skey, self._signing)
-            self._movers[transfer.group].copy_in(transfer.block_id, entry)
+            self._movers[transfer.group].check(entry)
         except UnverifiedEntry as exc:  # not deleted: it may be another key holder's
             self._stats.add(unverified_entries=1)
             self._note_unverified(skey)
@@ -218,15 +242,15 @@ class TierWorker:
                 self._store.name,
                 exc,
             )
-            return False
+            return None
         except CorruptEntry as exc:
             self._warn_once(
                 "corrupt", "kvmux tier %s: bad entry, recomputing: %s", self._store.name, exc
             )
             self._drop(skey)
-            return False
+            return None
         self._stats.add(bytes_loaded=len(data))
-        return True
+        return entry
 
     def _note_unverified(self, skey: bytes) -> None:
         """An entry under ``skey`` did not verify: this engine's own save of it replaces it."""
@@ -322,7 +346,7 @@ class TierWorker:
         copied: dict[int, _Copied] = {}
         for group, indices in rows_of.items():
             mover = self._movers[group]
-            copies = mover.copy_out([saves[i].block_id for i in indices])
+            copies = mover.start_copy_out([saves[i].block_id for i in indices])
             for row, index in enumerate(indices):
                 copied[index] = _Copied(mover.layer_specs, copies, row)
         return [copied[index] for index in range(len(saves))]

@@ -115,3 +115,55 @@ def test_copy_in_rejects_a_different_layout() -> None:
 def test_unsupported_dtype() -> None:
     with pytest.raises(TypeError, match="dtype"):
         BlockMover({"l0": torch.zeros(NUM_BLOCKS, 2, dtype=torch.float64)}, NUM_BLOCKS)
+
+
+# -- the device-neutral batch path: the same test on the host and, where there is one, a GPU
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here"),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_copies_round_trip_on_every_device(
+    layout: str, device: str, dtype: torch.dtype
+) -> None:
+    """start_copy_out, then copy_in_many, move exactly the listed blocks and nothing else."""
+    source = {k: v.to(device) for k, v in _caches(layout, seed=2, dtype=dtype).items()}
+    target = {k: v.to(device) for k, v in _caches(layout, seed=None, dtype=dtype).items()}
+    dim = _dim(layout)
+    out_mover, in_mover = BlockMover(source, NUM_BLOCKS), BlockMover(target, NUM_BLOCKS)
+    pending = out_mover.start_copy_out([1, 3, 0])
+    copies = pending.wait()
+    assert all(c.device.type == "cpu" for c in copies)
+    assert pending.wait() is copies  # waiting again returns the same copies
+    entries = []
+    for row in range(3):
+        data = codec.encode(NS, KEY, out_mover.layer_specs, BlockMover.block_parts(copies, row))
+        entry = codec.decode(data, NS, KEY)
+        in_mover.check(entry)
+        entries.append(entry)
+    in_mover.copy_in_many([4, 5, 2], entries)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for src, dst in zip(source.values(), target.values(), strict=True):
+        for src_block, dst_block in [(1, 4), (3, 5), (0, 2)]:
+            assert torch.equal(dst.select(dim, dst_block), src.select(dim, src_block))
+        for untouched in (0, 1, 3):
+            assert not dst.select(dim, untouched).any()
+
+
+def test_check_refuses_an_entry_of_another_layout() -> None:
+    source = BlockMover(_caches("blocks_first"), NUM_BLOCKS)
+    data = codec.encode(
+        NS, KEY, source.layer_specs, BlockMover.block_parts(source.copy_out([0]), 0)
+    )
+    narrow = {f"l{i}": torch.zeros(NUM_BLOCKS, 2, 4, 4) for i in range(2)}
+    with pytest.raises(CorruptEntry):
+        BlockMover(narrow, NUM_BLOCKS).check(codec.decode(data, NS, KEY))
