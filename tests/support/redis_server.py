@@ -1,18 +1,47 @@
-"""Real redis-server processes for the tests: standalone, TLS + ACL, and a 3-master cluster."""
+"""Real server processes for the tests: standalone, TLS + ACL, and a 3-master cluster.
+
+Each starts ``redis-server`` unless given another program: ``valkey-server`` (Valkey, the
+Redis fork the Redis tier also serves) runs the same configurations, except TLS.
+"""
 
 from __future__ import annotations
 
 import datetime
+import os
 import random
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+
+def find_program(name: str) -> str | None:
+    """``name`` on PATH, else beside this Python (scripts/setup.sh puts Valkey in .venv/bin)."""
+    beside = Path(sys.executable).parent / name
+    return shutil.which(name) or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
 REDIS_SERVER = shutil.which("redis-server") or "redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
+VALKEY_SERVER = find_program("valkey-server")
+VALKEY_MISSING = (
+    "valkey-server is not installed: KVMUX_WITH_REDIS=1 bash scripts/setup.sh installs it "
+    "into .venv/bin"
+)
+
+
+def valkey_or_skip() -> str:
+    """The valkey-server program; skips the test without one (fails it in CI, which has one)."""
+    if VALKEY_SERVER is not None:
+        return VALKEY_SERVER
+    if os.environ.get("CI", "").lower() in ("1", "true"):
+        pytest.fail(VALKEY_MISSING)
+    pytest.skip(VALKEY_MISSING)
 
 
 def free_port() -> int:
@@ -30,14 +59,14 @@ def free_port() -> int:
     raise RuntimeError("no free port pair found")
 
 
-def _wait_for_port(port: int, timeout: float = 10.0) -> None:
+def _wait_for_port(port: int, program: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.05)
-    raise RuntimeError(f"redis-server did not open port {port}")
+    raise RuntimeError(f"{Path(program).name} did not open port {port}")
 
 
 @dataclass
@@ -123,7 +152,7 @@ def make_tls_files(folder: Path) -> TlsFiles:
 
 
 class RedisServer:
-    """One redis-server on a free loopback port, in its own directory."""
+    """One redis-server (or ``program``: valkey-server) on a free loopback port, in its own dir."""
 
     def __init__(
         self,
@@ -131,8 +160,10 @@ class RedisServer:
         extra: list[str] | None = None,
         tls: TlsFiles | None = None,
         conf_lines: list[str] | None = None,
+        program: str = REDIS_SERVER,
     ):
         self.workdir = workdir
+        self.program = program
         self.conf_lines = list(conf_lines or [])
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -147,7 +178,7 @@ class RedisServer:
         return f"{scheme}://127.0.0.1:{self.port}/0"
 
     def _argv(self) -> list[str]:
-        argv = [REDIS_SERVER]
+        argv = [self.program]
         if self.conf_lines:  # directives such as ACL users are easiest in a file
             conf = self.workdir / "redis.conf"
             conf.write_text("\n".join(self.conf_lines) + "\n")
@@ -167,7 +198,7 @@ class RedisServer:
         """Start (or restart, empty) the server and wait until it listens."""
         with open(self.workdir / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(self._argv(), stdout=log, stderr=subprocess.STDOUT)
-        _wait_for_port(self.port)
+        _wait_for_port(self.port, self.program)
         return self
 
     def kill(self) -> None:
@@ -191,13 +222,14 @@ class RedisServer:
 
 
 class RedisCluster:
-    """Three masters joined with ``redis-cli --cluster create``."""
+    """Three masters (redis-server or ``program``) joined with ``redis-cli --cluster create``."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, program: str = REDIS_SERVER):
         self.nodes = [
             RedisServer(
                 workdir / f"node{i}",
                 ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+                program=program,
             )
             for i in range(3)
         ]
@@ -231,7 +263,7 @@ class RedisCluster:
             if all("cluster_state:ok" in n.cli("cluster", "info") for n in self.nodes):
                 return self
             time.sleep(0.2)
-        raise RuntimeError("redis cluster did not become ready")
+        raise RuntimeError(f"{Path(self.nodes[0].program).name} cluster did not become ready")
 
     def stop(self) -> None:
         """Kill every node."""

@@ -1,10 +1,11 @@
-"""The Redis tier inside real vLLM engines: sharing, namespaces, a server that dies, limits."""
+"""The Redis tier inside real vLLM engines: sharing (on Redis and Valkey), namespaces, a server
+that dies, limits."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from tests.integration.conftest import (
     results,
     store_kv,
 )
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, valkey_or_skip
 
 pytestmark = pytest.mark.vllm
 
@@ -48,20 +49,39 @@ def baseline(reference: dict[str, Any]) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A valkey-server for the cross-engine test (skipped where none is installed)."""
+    program = valkey_or_skip()
+    server = RedisServer(tmp_path_factory.mktemp("valkey"), program=program).start()
+    yield server
+    server.kill()
+
+
+def engine_on(run_job: Callable[..., dict[str, Any]], url: str) -> dict[str, Any]:
+    """One engine run of every prompt with the Redis tier at ``url``."""
+    return run_job([generate(*PROMPTS)], kv=redis_kv(url), enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
 def first_engine(run_job, redis_server) -> dict[str, Any]:
-    return run_job([generate(*PROMPTS)], kv=redis_kv(redis_server.url), enable_prefix_caching=False)
+    return engine_on(run_job, redis_server.url)
 
 
-def test_second_engine_hits_what_the_first_computed(first_engine, run_job, redis_server, baseline):
-    assert results(first_engine)[0]["num_cached_tokens"] == [0, 0, 0]
-    second = run_job(
-        [generate(*PROMPTS)], kv=redis_kv(redis_server.url), enable_prefix_caching=False
-    )
+@pytest.mark.parametrize("server", ["redis", "valkey"])
+def test_second_engine_hits_what_the_first_computed(server, request, run_job, baseline):
+    if server == "redis":  # the module's first engine, which the other tests share
+        url = request.getfixturevalue("redis_server").url
+        first = request.getfixturevalue("first_engine")
+    else:
+        url = request.getfixturevalue("valkey_server").url
+        first = engine_on(run_job, url)
+    assert results(first)[0]["num_cached_tokens"] == [0, 0, 0]
+    second = engine_on(run_job, url)
     step = results(second)[0]
     assert step["num_cached_tokens"] == [HITS] * 3
     assert step["tokens"] == baseline
     assert second["stats"]["redis"]["loaded_blocks"] == 3 * HITS // BLOCK
-    print("cross-engine:", step["num_cached_tokens"], second["stats"]["redis"])
+    print(f"cross-engine ({server}):", step["num_cached_tokens"], second["stats"]["redis"])
 
 
 def test_async_loads_in_the_multi_process_layout(first_engine, run_job, redis_server, reference):

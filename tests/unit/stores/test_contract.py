@@ -46,7 +46,22 @@ def _redis(url: str, cluster: bool, max_value_size: int = 64 * 2**20) -> RedisSt
     return RedisStore(spec)
 
 
-@pytest.fixture(params=["memory", "disk", "redis", "redis-split", "redis-cluster"])
+SERVERS = ["redis", "valkey"]  # the Redis tier's store, on redis-server and on valkey-server
+STORES = ["memory", "disk"] + [f"{s}{v}" for s in SERVERS for v in ("", "-split", "-cluster")]
+
+
+def _server_store(request: pytest.FixtureRequest, variant: str) -> RedisStore:
+    """A RedisStore on the server a variant names: "valkey", "redis-split", "valkey-cluster"."""
+    server, _, kind = variant.partition("-")
+    if kind == "cluster":
+        return _redis(request.getfixturevalue(f"{server}_cluster").url, cluster=True)
+    url = request.getfixturevalue(f"{server}_server").url
+    if kind == "split":  # every entry over 3 bytes is split into parts
+        return _redis(url, cluster=False, max_value_size=3)
+    return _redis(url, cluster=False)
+
+
+@pytest.fixture(params=STORES)
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeStore]:
     opened: list[KVStore] = []
 
@@ -56,12 +71,8 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeS
             store = MemoryStore(capacity, name="mem-test")
         elif request.param == "disk":
             store = DiskStore(tmp_path / f"store{len(opened)}", capacity, name="disk-test")
-        elif request.param == "redis":
-            store = _redis(request.getfixturevalue("redis_server").url, cluster=False)
-        elif request.param == "redis-split":  # every entry over 3 bytes is split into parts
-            store = _redis(request.getfixturevalue("redis_server").url, False, max_value_size=3)
         else:
-            store = _redis(request.getfixturevalue("redis_cluster").url, cluster=True)
+            store = _server_store(request, request.param)
         opened.append(store)
         return store
 

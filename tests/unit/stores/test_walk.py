@@ -33,7 +33,11 @@ def _redis(url: str, cluster: bool = False, max_value_size: int = 64 << 20, **kw
     return RedisStore(spec, **kw)
 
 
-@pytest.fixture(params=["memory", "disk", "redis", "redis-split", "redis-cluster"])
+SERVERS = ["redis", "valkey"]  # the Redis tier's store, on redis-server and on valkey-server
+STORES = ["memory", "disk"] + [f"{s}{v}" for s in SERVERS for v in ("", "-split", "-cluster")]
+
+
+@pytest.fixture(params=STORES)
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeStore]:
     opened: list[KVStore] = []
 
@@ -43,12 +47,12 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeS
             store = MemoryStore(1 << 20)
         elif request.param == "disk":
             store = DiskStore(tmp_path / "disk", 1 << 20, touch=touch)
-        elif request.param == "redis":
-            store = _redis(request.getfixturevalue("redis_server").url, touch=touch)
-        elif request.param == "redis-split":  # every entry over 5 bytes is split
-            store = _redis(request.getfixturevalue("redis_server").url, False, 5, touch=touch)
-        else:
-            store = _redis(request.getfixturevalue("redis_cluster").url, True, touch=touch)
+        else:  # "redis", "valkey-split", "redis-cluster"...: a RedisStore on that server
+            server, _, kind = request.param.partition("-")
+            fixture = f"{server}_cluster" if kind == "cluster" else f"{server}_server"
+            url = request.getfixturevalue(fixture).url
+            split = 5 if kind == "split" else 64 << 20  # split: every entry over 5 bytes
+            store = _redis(url, kind == "cluster", split, touch=touch)
         opened.append(store)
         return store
 
@@ -120,8 +124,9 @@ def test_reads_without_touch_leave_disk_recency_alone(tmp_path: Path) -> None:
     assert path.stat().st_mtime > before  # an engine's read refreshes it
 
 
-def test_redis_ages_are_idle_times(redis_server) -> None:
-    writer = _redis(redis_server.url)
+@pytest.mark.parametrize("server", ["redis_server", "valkey_server"])
+def test_redis_ages_are_idle_times(server: str, request: pytest.FixtureRequest) -> None:
+    writer = _redis(request.getfixturevalue(server).url)
     tools = RedisStore(writer.spec, touch=False)
     writer.put(_key(1), b"old")
     time.sleep(2.2)
