@@ -446,10 +446,18 @@ def loads_while_decoding(
     return itl_row(tier, mode, shape, result)
 
 
-def async_loads(runner: Runner, progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Workload (d) over every tier of ``LOADING_TIERS``: one row each."""
+def async_loads(
+    runner: Runner, progress: Callable[[str], None], quick: bool = False
+) -> list[dict[str, Any]]:
+    """Workload (d) over every tier of ``LOADING_TIERS``: one row each (``quick``: a smoke
+    run, disk only, two loads in one round)."""
+    tiers: tuple[tuple[str, str], ...] = LOADING_TIERS
+    shape = None
+    if quick:
+        tokens = min(max(runner.plan.lengths), 4096)
+        tiers, shape = LOADING_TIERS[:1], LoadingShape(loaders=2, rounds=1, long_tokens=tokens)
     rows = []
-    for tier, mode in LOADING_TIERS:
+    for tier, mode in tiers:
         progress(f"loads while decoding: {tier} ({mode})")
-        rows.append(loads_while_decoding(runner, tier, mode))
+        rows.append(loads_while_decoding(runner, tier, mode, shape))
     return rows
