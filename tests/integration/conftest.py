@@ -17,7 +17,14 @@ ENGINE_ENV = {
     "OMP_NUM_THREADS": str(os.cpu_count() or 2),
     "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # vLLM's log, kvmux's lines too, in run["log"]
 }
-BASE_ENGINE = {"max_num_batched_tokens": 256, "max_num_seqs": 8, "dtype": "float32"}
+# block_size: the CPU backend's own; stated so the tests mean the same on a GPU
+# (scripts/gpu_check.sh), whose default is 16
+BASE_ENGINE = {
+    "max_num_batched_tokens": 256,
+    "max_num_seqs": 8,
+    "dtype": "float32",
+    "block_size": 128,
+}
 
 
 def make_prompt(seed: int, length: int, prefix: list[int] | None = None) -> list[int]:
