@@ -63,8 +63,9 @@ BASE_NO_OPS = (
     "finish_forward",
     "reset_capture_state",
 )
-# the mux's own counters go out at most this often (at once after an error or a breaker
-# change); they are exact, only reported later. Children's own stats go out every step.
+# the mux's own counters go out at most this often (at once after an error, a breaker
+# change or a finished request, so an engine going idle has reported them all); they are
+# exact, only reported later. Children's own stats go out every step.
 COUNTERS_SECONDS = 1.0
 
 
@@ -344,6 +345,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
             except Exception as exc:
                 guard.fail("request_finished", exc)
                 results.append(_NOT_FINISHED)
+        self._notices.pending = True  # counters go out with this step: the engine may idle
         return self._scheduler.finished(request.request_id, results)
 
     def request_finished_all_groups(
@@ -357,6 +359,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
             return c.request_finished(request, block_ids[0])  # type: ignore[no-any-return]
 
         results = self._each_call("request_finished_all_groups", finish, (False, None))
+        self._notices.pending = True  # counters go out with this step: the engine may idle
         return self._scheduler.finished(request.request_id, results)
 
     def register_finished_partial_tail(

@@ -1313,6 +1313,22 @@ def test_mux_counters_are_reported_at_most_once_an_interval_and_none_lost(
     assert mux.child_counters()[A]["lookups"] == 5.0
 
 
+def test_a_finished_request_sends_the_counters_with_its_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An engine may go idle after its last request: nothing is left unreported then."""
+    monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
+    mux = make(SCHEDULER, child("a", offer=32), child("b"))
+    mux.get_num_new_matched_tokens(request("r0"), 0)
+    assert mux.get_kv_connector_stats() is not None  # the first report of the interval
+    mux.get_num_new_matched_tokens(request("r1"), 0)
+    assert mux.get_kv_connector_stats() is None  # within the interval: later
+    mux.request_finished(request("r1"), BLOCK_IDS)
+    stats = mux.get_kv_connector_stats()  # within the interval, yet sent
+    assert stats is not None
+    assert stats.counters()[A]["lookups"] == 1.0
+
+
 def test_an_error_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
     mux = make(SCHEDULER, child("a", raise_in=["take_events"]), child("b"))
