@@ -83,6 +83,7 @@ class MemorySpec:
     name: str = "memory"  # label used in logs and stats
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
+    offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -95,6 +96,7 @@ class DiskSpec:
     name: str = "disk"  # label used in logs and stats
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
+    offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -119,6 +121,7 @@ class RedisSpec:
     breaker_seconds: float = 1.0  # first back-off after the server failed
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
+    offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -128,9 +131,12 @@ StoreSpec = MemorySpec | DiskSpec | RedisSpec
 ASYNC_LOADS = ("auto", "always", "never")
 _SIGNING_KEYS = frozenset({"key_env", "key_file"})
 
+_COMMON_KEYS = frozenset(
+    {"type", "name", "save_queue", "signing", "async_loads", "offload_prompt_only"}
+)
 _STORE_KEYS: dict[str, frozenset[str]] = {
-    "memory": frozenset({"type", "capacity", "name", "save_queue", "signing", "async_loads"}),
-    "disk": frozenset({"type", "path", "capacity", "name", "save_queue", "signing", "async_loads"}),
+    "memory": _COMMON_KEYS | {"capacity"},
+    "disk": _COMMON_KEYS | {"path", "capacity"},
     "redis": frozenset(
         {
             "type",
@@ -149,11 +155,9 @@ _STORE_KEYS: dict[str, frozenset[str]] = {
             "key",
             "lookup_wait",
             "breaker_seconds",
-            "save_queue",
-            "signing",
-            "async_loads",
         }
-    ),
+    )
+    | _COMMON_KEYS,
 }
 
 
@@ -198,11 +202,15 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         return _parse_redis(spec, where)
     capacity = parse_capacity(_required(spec, "capacity", where), f"{where}.capacity")
     queue, signing = _save_queue(spec, where), _signing(spec, where)
-    loads = _async_loads(spec, where)
+    loads, prompt_only = _async_loads(spec, where), _prompt_only(spec, where)
     if kind == "memory":
-        name = _name(spec, "memory", where)
         return MemorySpec(
-            capacity=capacity, name=name, save_queue=queue, async_loads=loads, signing=signing
+            capacity=capacity,
+            name=_name(spec, "memory", where),
+            save_queue=queue,
+            async_loads=loads,
+            offload_prompt_only=prompt_only,
+            signing=signing,
         )
     path = _required(spec, "path", where)
     if not isinstance(path, str) or not path:
@@ -213,8 +221,14 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         name=_name(spec, "disk", where),
         save_queue=queue,
         async_loads=loads,
+        offload_prompt_only=prompt_only,
         signing=signing,
     )
+
+
+def _prompt_only(spec: Mapping[str, Any], where: str) -> bool:
+    """``offload_prompt_only`` (as vLLM's OffloadingConnector): False saves generated blocks."""
+    return _boolean(spec, "offload_prompt_only", True, where)
 
 
 def _async_loads(spec: Mapping[str, Any], where: str) -> str:
@@ -312,6 +326,7 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
         breaker_seconds=_positive_number(spec, "breaker_seconds", 1.0, where),
         save_queue=_save_queue(spec, where),
         async_loads=_async_loads(spec, where),
+        offload_prompt_only=_prompt_only(spec, where),
         signing=_signing(spec, where),
     )
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from kvmux.config import StoreSpec
+from kvmux.config import StoreConnectorConfig, StoreSpec
 from kvmux.stores import KVStore
 from kvmux.vllm.engine_config import prefer_recompute
 from kvmux.vllm.store_connector import StoreConnector
@@ -47,6 +47,13 @@ class FaultyStoreConnector(StoreConnector):
         super().__init__(own, role, kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:  # StoreConnector set it on the copy only
             prefer_recompute(ktc, self.config.fail_on_load_error)
+
+    @classmethod
+    def parse_extra_config(cls, extra_config: Any) -> StoreConnectorConfig:
+        """StoreConnector's parse, less this connector's own key."""
+        extra = dict(extra_config or {})
+        extra.pop(CONTROL_KEY, None)
+        return super().parse_extra_config(extra)
 
     def open_store(self, spec: StoreSpec) -> KVStore:
         """The real store, behind the control file's faults."""

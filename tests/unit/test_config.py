@@ -349,3 +349,28 @@ def test_bad_signing_config_names_the_key(
     with pytest.raises(ConfigError) as info:
         parse_store_spec({"type": "memory", "capacity": "1GiB", "signing": signing})
     assert info.value.key == key
+
+
+# -- offload_prompt_only -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"type": "memory", "capacity": "1MiB"},
+        {"type": "disk", "path": "/tmp/kvmux-unit", "capacity": "1MiB"},
+        {"type": "redis", "url": "redis://localhost:6379"},
+    ],
+)
+def test_every_store_saves_prompt_blocks_only_by_default(raw: dict[str, Any]) -> None:
+    assert parse_store_spec(raw).offload_prompt_only is True
+    assert parse_store_spec({**raw, "offload_prompt_only": False}).offload_prompt_only is False
+
+
+@pytest.mark.parametrize("value", ["false", 0, None, "no"])
+def test_offload_prompt_only_must_be_a_boolean(value: Any) -> None:
+    raw = {"type": "memory", "capacity": "1MiB", "offload_prompt_only": value}
+    with pytest.raises(ConfigError) as info:
+        parse_store_connector_config({"store": raw})
+    assert "store.offload_prompt_only" in str(info.value)
+    assert "true, false" in str(info.value)

@@ -13,6 +13,7 @@ from kvmux.config import (
     ChildConfig,
     MuxConfig,
     parse_mux_config,
+    parse_store_spec,
     store_child,
 )
 from kvmux.errors import ConfigError
@@ -214,3 +215,11 @@ def test_non_bool_fail_on_load_error(value: Any) -> None:
 
 def test_config_error_is_a_value_error() -> None:
     assert isinstance(error_of({}), ValueError)
+
+
+def test_a_tier_may_save_generated_blocks() -> None:
+    tier = {**MEMORY, "offload_prompt_only": False}
+    store = parse(tiers=[tier]).children[0].fields["kv_connector_extra_config"]["store"]
+    assert parse_store_spec(store, "tiers[0]").offload_prompt_only is False
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.offload_prompt_only"):
+        parse(tiers=[{**MEMORY, "offload_prompt_only": "yes"}])

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kvmux.keys import BlockKey
 
-__all__ = ["BlockTransfer", "RequestLoad", "TierStepPlan"]
+__all__ = ["BlockTransfer", "RequestLoad", "SavedBlock", "TierStepPlan"]
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,16 @@ class BlockTransfer:
     key: BlockKey  # rank-independent key of the group's share; each worker derives its store key
     block_id: int  # index of the block in the engine's KV cache
     group: int = 0  # KV cache group whose layers the block holds
+
+
+@dataclass(frozen=True)
+class SavedBlock:
+    """A block a plan saves, with the request and position it came from (for KV events)."""
+
+    req_id: str  # the request whose block is saved (the first one, if several share it)
+    position: int  # block index in the request's tokens
+    group: int  # KV cache group
+    key: BlockKey
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@ forward path while vLLM holds the request back, until the workers report it fini
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from kvmux.errors import UnkeyableInput
 from kvmux.keys import BlockKey, block_keys, generation_namespace, group_key
 from kvmux.metrics import TierStats
 from kvmux.tier.index import TierView
-from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
+from kvmux.tier.plan import BlockTransfer, RequestLoad, SavedBlock, TierStepPlan
 
 __all__ = ["NULL_BLOCK", "ScheduledRequest", "TierScheduler"]
 
@@ -35,12 +36,18 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens already in the KV cache before this step
     num_scheduled_tokens: int  # tokens computed by this step
     block_ids: Sequence[Sequence[int]]  # per KV cache group, the request's blocks in token order
+    # its generated blocks are saved too: every token id known so far (prompt and generated)
+    tokens: Sequence[int] | None = None
+    # the encoded extra keys of the blocks of the first n tokens (see ``kvmux.keys``), or None
+    extras: Callable[[int], Sequence[bytes] | None] | None = None
 
 
 @dataclass
 class _RequestState:
-    keys: list[list[BlockKey]]  # per group, one key per full prompt block
+    keys: list[list[BlockKey]]  # per group, one key per full prompt (or generated) block
     max_hit_blocks: int  # blocks a hit may cover: never the prompt's last token
+    namespace: bytes  # the generation's namespace its keys are rooted in
+    keyable: bool = True  # False once its generated blocks could not be keyed
     saved_upto: int = 0  # blocks below this index are saved or known present
     lookup: tuple[int, int] | None = None  # (num_computed_tokens, hit blocks) of the last lookup
     load: range | None = None  # block indices to load
@@ -57,6 +64,7 @@ class TierScheduler:
         stats: TierStats,
         windows: Sequence[int | None] = (None,),
         async_loads: bool = False,
+        record_saves: bool = False,
     ):
         self._view = view
         self._block_size = block_size
@@ -67,6 +75,7 @@ class TierScheduler:
         self._async_loads = async_loads  # each request's load runs off the forward path
         self._pending_loads: list[BlockTransfer] = []
         self._pending_async: list[RequestLoad] = []
+        self._saved: list[SavedBlock] | None = [] if record_saves else None  # see take_saved
 
     def _state(
         self, req_id: str, prompt: Sequence[int], extras: Sequence[bytes] | None
@@ -81,7 +90,7 @@ class TierScheduler:
             keys = block_keys(namespace, prompt, self._block_size, extras)
             groups = [[group_key(k, g) for k in keys] for g in range(len(self._windows))]
             limit = max(0, (len(prompt) - 1) // self._block_size)
-            state = _RequestState(keys=groups, max_hit_blocks=limit)
+            state = _RequestState(keys=groups, max_hit_blocks=limit, namespace=namespace)
             self._requests[req_id] = state
         return state
 
@@ -210,9 +219,14 @@ class TierScheduler:
         return None if windowed and block == NULL_BLOCK else block
 
     def build(self, scheduled: Iterable[ScheduledRequest]) -> TierStepPlan:
-        """The step's plan: pending loads, plus saves of every newly full prompt block."""
+        """The step's plan: pending loads, plus saves of every newly full block.
+
+        A block is a prompt block, or a generated one of a request that carries its
+        ``tokens``.
+        """
         plan = TierStepPlan(loads=self._pending_loads, async_loads=self._pending_async)
         self._pending_loads, self._pending_async = [], []
+        planned: list[tuple[str, _RequestState, list[BlockTransfer]]] = []
         for request in scheduled:
             state = self._requests.get(request.req_id)
             if state is None:
@@ -221,12 +235,27 @@ class TierScheduler:
             if saves:
                 plan.saves.extend(saves)
                 plan.tables[request.req_id] = self._table(request.block_ids, state.saved_upto)
+                if self._saved is not None:
+                    planned.append((request.req_id, state, saves))
         plan.saves = list({t.key: t for t in plan.saves}.values())
         plan.evictions = self._view.record_saved(t.key for t in plan.saves)
         if plan.evictions:  # more new blocks than the tier holds: skip what it would drop
             dropped = set(plan.evictions)
             plan.saves = [t for t in plan.saves if t.key not in dropped]
+        if self._saved is not None:
+            self._saved.extend(_saved_blocks(planned, {t.key for t in plan.saves}))
         return plan
+
+    def take_saved(self) -> list[SavedBlock]:
+        """Blocks the plans built since the last call save (only with ``record_saves``).
+
+        Each key once, with the first request that planned it. A save the workers drop
+        or fail to write comes back later through ``forget``.
+        """
+        if self._saved is None:
+            return []
+        saved, self._saved = self._saved, []
+        return saved
 
     def _table(self, block_ids: Sequence[Sequence[int]], upto: int) -> list[int]:
         """The request's real blocks below ``upto``, position by position."""
@@ -242,6 +271,8 @@ class TierScheduler:
         # The engine went back (a failed load is recomputed, or the request was
         # preempted): blocks past its computed tokens are computed again, and saved then.
         state.saved_upto = min(state.saved_upto, request.num_computed_tokens // self._block_size)
+        if request.tokens is not None:
+            self._key_generated(state, request)
         done = request.num_computed_tokens + request.num_scheduled_tokens
         allocated = min((len(ids) for ids in request.block_ids), default=0)
         full = min(done // self._block_size, len(state.keys[0]), allocated)
@@ -263,6 +294,26 @@ class TierScheduler:
         state.saved_upto = max(state.saved_upto, full)
         return saves
 
+    def _key_generated(self, state: _RequestState, request: ScheduledRequest) -> None:
+        """Extend the request's keys over its generated tokens' full blocks.
+
+        The chain goes on from the prompt's keys, so the next turn of a conversation
+        (this prompt, the reply and more) finds the reply's blocks. A block's tokens are
+        known once it is full: a draft token past them is not among ``tokens`` yet.
+        """
+        tokens = request.tokens
+        assert tokens is not None
+        if not state.keyable or len(tokens) // self._block_size <= len(state.keys[0]):
+            return
+        try:
+            extras = request.extras(len(tokens)) if request.extras is not None else None
+        except UnkeyableInput:  # an extra key kvmux cannot encode: prompt blocks only
+            state.keyable = False
+            return
+        keys = block_keys(state.namespace, tokens, self._block_size, extras)
+        for group, known in enumerate(state.keys):
+            known.extend(group_key(key, group) for key in keys[len(known) :])
+
     def reset(self) -> bool:
         """A new generation of the tier: nothing stored before is served to later requests."""
         return self._view.reset()
@@ -274,3 +325,21 @@ class TierScheduler:
     def finish(self, req_id: str) -> None:
         """Drop the state of a finished or aborted request."""
         self._requests.pop(req_id, None)
+
+
+def _saved_blocks(
+    planned: Iterable[tuple[str, _RequestState, list[BlockTransfer]]], kept: set[BlockKey]
+) -> list[SavedBlock]:
+    """The kept saves with the request and position each was planned for, each key once."""
+    saved: list[SavedBlock] = []
+    for req_id, state, saves in planned:
+        ours = [t for t in saves if t.key in kept]
+        if not ours:
+            continue
+        position_of = {key: index for keys in state.keys for index, key in enumerate(keys)}
+        for transfer in ours:
+            kept.discard(transfer.key)
+            position = position_of.get(transfer.key)
+            if position is not None:
+                saved.append(SavedBlock(req_id, position, transfer.group, transfer.key))
+    return saved

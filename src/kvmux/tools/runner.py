@@ -7,6 +7,8 @@ read (a job with ``"multiprocess": true`` runs vLLM's default layout instead, wi
 counters): each
 step's ``stats`` are the tiers' counters by tier name (scheduler and worker halves added
 up), and the job's ``mux`` are MuxConnector's per-child counters by side and label.
+A job with ``"kv_events": true`` enables vLLM's KV cache events; the ``events`` step
+returns those published since the last one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,59 @@ def _make_llm(job: dict[str, Any]) -> Any:
     kwargs.setdefault("seed", 0)
     if job.get("kv") is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(**job["kv"])
+    if job.get("kv_events"):  # published to the "events" op, never to a socket
+        from vllm.config import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     return LLM(model=job["model"], **kwargs)
+
+
+class EventRecorder:
+    """Stands in for the engine's KV event publisher: keeps events for the ``events`` op."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def publish(self, events: Any) -> None:
+        """Keep a batch's events."""
+        self.events.extend(events.events)
+
+    def shutdown(self) -> None:
+        """Nothing to close."""
+
+    def get_publisher_config(self) -> None:
+        """No socket to tell about."""
+
+
+def _record_events(llm: Any) -> EventRecorder:
+    """Put a recorder in place of the scheduler's KV event publisher (in-process engine)."""
+    recorder = EventRecorder()
+    llm.llm_engine.engine_core.engine_core.scheduler.kv_event_publisher = recorder
+    return recorder
+
+
+def _hash_text(value: Any) -> str:
+    return value.hex() if isinstance(value, bytes) else str(value)
+
+
+def event_json(event: Any) -> dict[str, Any]:
+    """A KV cache event as JSON: its kind, medium, tier and hashes (hex)."""
+    parent = getattr(event, "parent_block_hash", None)
+    return {
+        "type": type(event).__name__,
+        "medium": getattr(event, "medium", None),
+        "ownership": getattr(event, "ownership", None),
+        "hashes": [_hash_text(h) for h in getattr(event, "block_hashes", [])],
+        "parent": None if parent is None else _hash_text(parent),
+        "token_ids": list(getattr(event, "token_ids", [])),
+    }
+
+
+def _taken_events(recorder: EventRecorder | None) -> dict[str, Any]:
+    if recorder is None:
+        raise ValueError("the events op needs a job with kv_events")
+    events, recorder.events = recorder.events, []
+    return {"events": [event_json(e) for e in events]}
 
 
 def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
@@ -255,6 +309,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     """Start the engine, run every step, return the results."""
     started = time.perf_counter()
     llm = _make_llm(job)
+    recorder = _record_events(llm) if job.get("kv_events") else None
     results: list[dict[str, Any]] = [{"op": "start", "seconds": time.perf_counter() - started}]
     for step in job.get("steps", []):
         op = step["op"]
@@ -279,6 +334,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = _corrupt(step)
         elif op == "stats":
             result = {"stats": _tier_counters(llm)}
+        elif op == "events":
+            result = _taken_events(recorder)
         else:
             raise ValueError(f"unknown step op {op!r}")
         result["op"] = op

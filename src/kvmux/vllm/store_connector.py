@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,15 +42,18 @@ from kvmux.vllm.engine_config import (
     payload_bytes_per_block,
     prefer_recompute,
 )
+from kvmux.vllm.events import TierEvents, events_enabled
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
-from kvmux.vllm.request_keys import block_extras, prompt_tokens
+from kvmux.vllm.prom import TierPromMetrics
+from kvmux.vllm.request_keys import block_extras, prompt_tokens, saves_generated
 from kvmux.vllm.stats import StoreConnectorStats
 
 # vLLM's prompt_tokens_by_source splits hits by these; a remote store is "external".
 _HIT_SOURCES = {MemorySpec: CacheHitSource.HOST, DiskSpec: CacheHitSource.DISK}
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -92,6 +98,9 @@ def loads_async(spec: StoreSpec, num_groups: int) -> bool:
 class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     """Loads prompt prefixes from, and saves every full prompt block to, one tier.
 
+    With ``offload_prompt_only`` false (the tier's, or a request's ``kv_transfer_params``)
+    a request's generated blocks are saved too, so the next turn of a chat loads the reply.
+
     Hybrid models (several KV cache groups) store each group's share of a block as its
     own entry; a sliding-window group only the blocks inside its window.
 
@@ -131,11 +140,15 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._async_loads = loads_async(spec, len(self._windows))
         self._async_errors: set[int] = set()  # blocks of finished async loads that failed
         self._failed_loads: dict[str, int] = {}  # request -> first failed position, to report
+        self._generating: dict[str, Request] = {}  # requests whose generated blocks are saved
         self._scheduler: TierScheduler | None = None
         self._worker: TierWorker | None = None
         self._view: TierView | None = None
+        self._events: TierEvents | None = None  # only when the engine publishes KV events
         if role == KVConnectorRole.SCHEDULER:
             self._view = self._scheduler_view(kv_cache_config)
+            if events_enabled(vllm_config):
+                self._events = _tier_events(spec, self._block_size, kv_cache_config, self._view)
             self._scheduler = TierScheduler(
                 self._view,
                 self._block_size,
@@ -143,6 +156,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self.stats,
                 self._windows,
                 self._async_loads,
+                record_saves=self._events is not None,
             )
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         else:
@@ -178,6 +192,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[int | None, bool]:
         """Tokens past ``num_computed_tokens`` that the tier holds; whether they load async."""
         assert self._scheduler is not None
+        if self._events is not None:
+            self._events.watch(request)
         try:
             extras = block_extras(request, self._block_size)
         except UnkeyableInput as exc:  # never stored under a key it might share
@@ -186,6 +202,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             return 0, False
         prompt = prompt_tokens(request)
         hit = self._scheduler.lookup(request.request_id, prompt, extras, num_computed_tokens)
+        if saves_generated(request, not self.config.store.offload_prompt_only):
+            self._generating[request.request_id] = request
         return hit, bool(hit) and self._async_loads
 
     def may_load_async(self, request: Request) -> bool:
@@ -206,7 +224,19 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's loads, saves and evictions."""
         assert self._scheduler is not None
-        return StoreConnectorMetadata(self._scheduler.build(_scheduled(scheduler_output)))
+        plan = self._scheduler.build(map(self._with_tokens, _scheduled(scheduler_output)))
+        if self._events is not None:
+            self._events.removed(plan.evictions)
+            self._events.stored(self._scheduler.take_saved())
+        return StoreConnectorMetadata(plan)
+
+    def _with_tokens(self, scheduled: ScheduledRequest) -> ScheduledRequest:
+        """``scheduled`` with its token ids so far, if its generated blocks are saved too."""
+        request = self._generating.get(scheduled.req_id)
+        if request is None:
+            return scheduled
+        extras = partial(block_extras, request, self._block_size)
+        return dataclasses.replace(scheduled, tokens=request.all_token_ids, extras=extras)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Forget keys the workers could not load; never offer a failed load again."""
@@ -216,6 +246,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             return
         if meta.missing:
             self._scheduler.forget(meta.missing)
+            if self._events is not None:
+                self._events.removed(meta.missing)
         for req_id, position in meta.failed_loads.items():
             self._scheduler.failed_load(req_id, position)
 
@@ -229,6 +261,9 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         """
         assert self._scheduler is not None
         self._scheduler.finish(request.request_id)
+        self._generating.pop(request.request_id, None)
+        if self._events is not None:
+            self._events.finish(request.request_id)
         return False, None
 
     def request_finished_all_groups(
@@ -236,6 +271,10 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[bool, dict[str, Any] | None]:
         """The hybrid manager's finish (every group at once): the blocks may be freed at once."""
         return self.request_finished(request, block_ids[0] if block_ids else [])
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """The tier's KV cache events since the last call (none unless the engine publishes)."""
+        return self._events.take() if self._events is not None else ()
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         """A load restores every group's blocks of the hit (each group's window, if any)."""
@@ -333,6 +372,43 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         """Rebuild the stats sent from the workers."""
         return StoreConnectorStats(data=dict(data or {}))
 
+    # vLLM asks the class these before the connector exists: each one parses the extra
+    # config, so a bad one stops vLLM there, with the same one-line ConfigError.
+
+    @classmethod
+    def parse_extra_config(cls, extra_config: Any) -> StoreConnectorConfig:
+        """The connector's ``kv_connector_extra_config``, parsed (ConfigError if bad)."""
+        return parse_store_connector_config(extra_config)
+
+    @classmethod
+    def _class_config(cls, ktc: KVTransferConfig | None) -> StoreConnectorConfig:
+        """The parsed extra config, for vLLM's class-level queries."""
+        return cls.parse_extra_config(ktc.kv_connector_extra_config if ktc else None)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Never (no layer-wise work); validates the extra config (GPU, at config build)."""
+        cls.parse_extra_config(extra_config)
+        return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """No layout needed; validates the extra config (engine core, before profiling)."""
+        cls._class_config(vllm_config.kv_transfer_config)
+        return None
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: Any,
+        labelnames: list[str],
+        per_engine_labelvalues: Any,
+    ) -> TierPromMetrics:
+        """This tier's own counters, ``kvmux_tier_<counter>_total{tier=...}``, zeros included."""
+        tier = cls._class_config(vllm_config.kv_transfer_config).store.name
+        return TierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues, tier)
+
     def shutdown(self) -> None:
         """Write out queued saves and close the store (or the scheduler's view of it)."""
         if self._worker is not None:
@@ -348,11 +424,24 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         every engine using it moves too. False when the tier could not be reached.
         """
         if self._scheduler is not None:
-            return self._scheduler.reset()
+            reset = self._scheduler.reset()
+            if reset and self._events is not None:
+                self._events.cleared()
+            return reset
         if self._worker is not None:
             self._worker.flush()
             self._worker.store.clear()
         return True
+
+
+def _tier_events(
+    spec: StoreSpec, block_size: int, kv_cache_config: KVCacheConfig, view: TierView
+) -> TierEvents:
+    """The tier's KV events; the memory tier remembers every block it may evict."""
+    hash_block_size = getattr(kv_cache_config, "hash_block_size", None)
+    if isinstance(view, MirrorIndex):
+        return TierEvents(spec, block_size, hash_block_size, max(1, view.max_entries))
+    return TierEvents(spec, block_size, hash_block_size)
 
 
 def _scheduled(scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:

@@ -11,6 +11,7 @@ within 1e-3, and the hits show in ``usage.prompt_tokens_details.cached_tokens``.
 from __future__ import annotations
 
 import random
+import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -99,6 +100,20 @@ def metric(url: str, name: str, **labels: str) -> float:
     return total
 
 
+def tier_series(url: str) -> dict[tuple[str, str, str], float]:
+    """Every ``kvmux_tier_*_total`` series on /metrics: (name, child, tier) to its value."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    found: dict[tuple[str, str, str], float] = {}
+    for line in text.splitlines():
+        if line.startswith("kvmux_tier_") and "_total{" in line:
+            name, rest = line.split("{", 1)
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+            key = (name, labels.get("child", ""), labels.get("tier", ""))
+            found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def hit_metrics(url: str) -> dict[str, float]:
     """Cached prompt tokens by source (vLLM's split), and the mux's hits per child."""
     cached = "vllm:prompt_tokens_cached_by_source_total"
@@ -157,6 +172,7 @@ def _serve_all(model: Path, kv: dict[str, Any], log: Path) -> dict[str, Any]:
     with vllm_server(model, log, kv) as url:
         runs["restarted"] = workload(url, str(model))
         runs["restarted"]["metrics"] = hit_metrics(url)
+        runs["restarted"]["tiers"] = tier_series(url)
     return runs
 
 
@@ -207,3 +223,15 @@ def test_hits_are_split_by_tier_in_the_servers_metrics(served: dict[str, Any]) -
     assert warm["host"] > 0 and warm["disk"] == 0
     assert warm["0:memory"] == warm["host"]
     assert restarted["disk"] > 0 and restarted["1:disk"] == restarted["disk"]
+
+
+def test_each_tier_exports_its_own_counters_zeros_included(served: dict[str, Any]) -> None:
+    """Each StoreConnector child's ``kvmux_tier_*`` series, once, with its child label."""
+    tiers = served["restarted"]["tiers"]
+    assert tiers[("kvmux_tier_load_errors_total", "0:memory", "memory")] == 0
+    assert tiers[("kvmux_tier_save_errors_total", "1:disk", "disk")] == 0
+    assert tiers[("kvmux_tier_hit_tokens_total", "1:disk", "disk")] > 0
+    assert {(child, tier) for _, child, tier in tiers} == {
+        ("0:memory", "memory"),
+        ("1:disk", "disk"),
+    }

@@ -10,7 +10,7 @@ import torch
 
 from kvmux.errors import UnkeyableInput
 from kvmux.keys import block_keys, namespace_id
-from kvmux.vllm.request_keys import block_extras, prompt_tokens
+from kvmux.vllm.request_keys import block_extras, prompt_tokens, saves_generated
 from tests.unit.vllm.test_store_connector import fake_request
 
 BLOCK = 16
@@ -90,3 +90,39 @@ def test_an_extra_key_kvmux_cannot_encode_makes_the_request_unkeyable() -> None:
     odd = fake_request("r", 2 * BLOCK, mm_features=[image(1.5, 0, 4)])  # type: ignore[arg-type]
     with pytest.raises(UnkeyableInput):
         block_extras(odd, BLOCK)
+
+
+def test_generated_blocks_have_the_extra_keys_vllm_gives_them() -> None:
+    request = fake_request("r", 3 * BLOCK + 5, lora_request=lora("a", "/adapters/a"))
+    prompt = block_extras(request, BLOCK)
+    grown = block_extras(request, BLOCK, 6 * BLOCK)
+    assert prompt is not None and grown is not None
+    assert grown[:3] == prompt and len(grown) == 6
+    assert len(set(grown)) == 1  # the adapter on every block, nothing else
+    assert block_extras(fake_request("r", 3 * BLOCK), BLOCK, 6 * BLOCK) is None
+
+
+@pytest.mark.parametrize(
+    ("params", "default", "expected"),
+    [
+        (None, False, False),
+        (None, True, True),
+        ({}, True, True),
+        ({"offload_prompt_only": False}, False, True),
+        ({"offload_prompt_only": True}, True, False),
+        ({"offload_prompt_only": "no"}, True, True),  # a bad value: the tier's default
+        ({"do_remote_prefill": True}, False, False),
+    ],
+)
+def test_kv_transfer_params_turn_generated_saves_on_or_off(
+    params: dict[str, Any] | None, default: bool, expected: bool
+) -> None:
+    request = fake_request("r", 2 * BLOCK, kv_transfer_params=params)
+    assert saves_generated(request, default) is expected  # type: ignore[arg-type]
+
+
+def test_prompt_embeddings_save_their_prompt_blocks_only() -> None:
+    request = fake_request(
+        "r", 2 * BLOCK, prompt_embeds=torch.zeros(2 * BLOCK, 4), kv_transfer_params=None
+    )
+    assert saves_generated(request, True) is False  # type: ignore[arg-type]

@@ -97,6 +97,7 @@ def fake_request(req_id: str, tokens: int, **fields: Any) -> SimpleNamespace:
         mm_features=[],
         prompt_embeds=None,
         _prompt_embeds_per_block_hashes={},
+        kv_transfer_params=None,
     )
     request.__dict__.update(fields)
     return request

@@ -28,6 +28,10 @@ class BenchPlan:
     noreuse_max_tokens: int
     overhead_children: tuple[int, ...]  # MuxConnector overhead with this many children
     store_entries: int  # store microbenchmark: entries of one block each
+    chat_conversations: int = 2  # workload (e): conversations per mode (replies saved or not)
+    chat_turns: int = 5  # workload (e): turns of each, the model's replies fed back
+    chat_user_tokens: int = 100  # workload (e): tokens of each user turn (system prompt apart)
+    chat_reply_tokens: int = 160  # workload (e): tokens of each reply
 
 
 QUICK = BenchPlan(
@@ -48,6 +52,10 @@ QUICK = BenchPlan(
     noreuse_max_tokens=16,
     overhead_children=(1, 2),
     store_entries=32,
+    chat_conversations=1,
+    chat_turns=5,
+    chat_user_tokens=100,
+    chat_reply_tokens=160,
 )
 
 FULL = BenchPlan(
@@ -68,4 +76,8 @@ FULL = BenchPlan(
     noreuse_max_tokens=32,
     overhead_children=(1, 2, 4),
     store_entries=128,
+    chat_conversations=2,
+    chat_turns=5,
+    chat_user_tokens=100,
+    chat_reply_tokens=160,
 )

@@ -201,6 +201,15 @@ def _e2e_charts(data: Mapping[str, Any], out: Path) -> list[str]:
         {"ttft_p50_s": "p50", "ttft_p90_s": "p90"},
     ):
         lines += ["![reuse](reuse.png)", ""]
+    chats = [r for r in data.get("multi_turn", []) if isinstance(r, dict)]
+    if _grouped_chart(
+        out,
+        "multi_turn.png",
+        "Multi-turn chat, replies fed back: TTFT per turn (kvmux memory tier)",
+        chats,
+        {"ttft_prompt_only_s": "prompt blocks saved", "ttft_with_replies_s": "replies saved too"},
+    ):
+        lines += ["![multi_turn](multi_turn.png)", ""]
     loading = [r for r in data.get("async_loads", []) if isinstance(r, dict)]
     if _grouped_chart(
         out,

@@ -22,6 +22,7 @@ from kvmux.tools.bench.e2e import (
     reuse_workload,
 )
 from kvmux.tools.bench.microbench import run_store_bench
+from kvmux.tools.bench.multi_turn import multi_turn
 from kvmux.tools.bench.peers import LMCacheServer
 from kvmux.tools.bench.profiles import FULL, QUICK, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
@@ -95,8 +96,11 @@ def run_bench(
                 _rows(_guarded(config, partial(fn, runner, config)))
             )
         results["overhead"] = _rows(_guarded("overhead", lambda: mux_overhead(runner, tqdm.write)))
-        loading = _guarded("async_loads", lambda: async_loads(runner, tqdm.write))
+        loading = _guarded("async_loads", lambda: async_loads(runner, tqdm.write, quick))
         results["async_loads"] = _rows(loading)
+        if "kvmux-memory" in configs:
+            chats = _guarded("multi_turn", lambda: multi_turn(runner))
+            results["multi_turn"] = _rows(chats)
     finally:
         redis.stop()
         if lmcache is not None:

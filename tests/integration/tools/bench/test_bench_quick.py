@@ -42,3 +42,5 @@ def test_quick_bench_writes_results_tables_and_charts(tmp_path: Path) -> None:
     restart = next(r for r in results["long_prompts"] if r["config"] == "kvmux-mux-redis")
     assert restart["restart_cached_tokens"] > 0 and "redis" in restart["restart_source"]
     assert "MET" in proc.stdout or "SHORT" in proc.stdout
+    last = results["multi_turn"][-1]  # replies saved too: the last turn finds more
+    assert last["cached_with_replies"] > last["cached_prompt_only"] > 0
