@@ -320,16 +320,7 @@ class MuxWorker:
 
     def _gather_load_errors(self, children: Sequence[Child]) -> set[int]:
         """``children``'s load errors so far, added to the mux's own; returns them all."""
-        errors = self._load_errors
-        for _, child, guard in children:
-            try:
-                found = child.get_block_ids_with_load_errors()
-            except Exception as exc:
-                guard.fail("get_block_ids_with_load_errors", exc)
-                continue
-            if found:
-                errors.update(found)
-        return errors
+        return _add_load_errors(children, self._load_errors)
 
     def settle_loads(self) -> None:
         """Before any child saves: tell kvmux tiers which blocks failed to load in any child.
@@ -358,12 +349,17 @@ class MuxWorker:
         errors, self._load_errors = self._load_errors, set()
         if self.per_request_failures:
             errors = set()
-        for _, child, guard in self._all:  # _gather_load_errors, without the call
-            try:
-                found = child.get_block_ids_with_load_errors()
-            except Exception as exc:
-                guard.fail("get_block_ids_with_load_errors", exc)
-                continue
-            if found:
-                errors.update(found)
-        return errors
+        return _add_load_errors(self._all, errors)
+
+
+def _add_load_errors(children: Sequence[Child], errors: set[int]) -> set[int]:
+    """Each child's ``get_block_ids_with_load_errors`` added to ``errors`` (guarded)."""
+    for _, child, guard in children:
+        try:
+            found = child.get_block_ids_with_load_errors()
+        except Exception as exc:
+            guard.fail("get_block_ids_with_load_errors", exc)
+            continue
+        if found:
+            errors.update(found)
+    return errors

@@ -18,6 +18,7 @@ import operator
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ from kvmux.metrics import GAUGES, TierStats
 RESULT_MARK = "KVMUX-RESULT "
 
 
-def _make_llm(job: dict[str, Any]) -> Any:
+def make_llm(job: dict[str, Any]) -> Any:
+    """vLLM's ``LLM`` for a job: its ``engine`` arguments, ``kv`` config and ``kv_events``."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -308,7 +310,7 @@ def _corrupt(step: dict[str, Any]) -> dict[str, Any]:
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Start the engine, run every step, return the results."""
     started = time.perf_counter()
-    llm = _make_llm(job)
+    llm = make_llm(job)
     recorder = _record_events(llm) if job.get("kv_events") else None
     results: list[dict[str, Any]] = [{"op": "start", "seconds": time.perf_counter() - started}]
     for step in job.get("steps", []):
@@ -343,12 +345,17 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     return {"steps": results, "stats": _tier_counters(llm), "mux": _mux_counters(llm)}
 
 
-def main() -> None:
-    """Entry point: read the job file named on the command line."""
+def job_main(run_job: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """A job module's entry point: run the job file named on the command line and print
+    its result after ``RESULT_MARK`` (the line ``kvmux.tools.engine`` looks for)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     job = json.loads(Path(sys.argv[1]).read_text())
-    result = run(job)
-    print(RESULT_MARK + json.dumps(result), flush=True)
+    print(RESULT_MARK + json.dumps(run_job(job)), flush=True)
+
+
+def main() -> None:
+    """Entry point: read the job file named on the command line."""
+    job_main(run)
 
 
 if __name__ == "__main__":

@@ -12,26 +12,12 @@ earlier turns. Each turn's result: TTFT, the reply, its log-probabilities (with
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from kvmux.tools.runner import RESULT_MARK, sampled_logprobs
+from kvmux.tools.runner import job_main, make_llm, sampled_logprobs
 
 __all__ = ["run"]
-
-
-def _make_llm(job: dict[str, Any]) -> Any:
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    kwargs = {"enforce_eager": True, "skip_tokenizer_init": True, "seed": 0, **job["engine"]}
-    if job.get("kv") is not None:
-        kwargs["kv_transfer_config"] = KVTransferConfig(**job["kv"])
-    return LLM(model=job["model"], **kwargs)
 
 
 def _params(job: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> Any:
@@ -89,7 +75,7 @@ def _conversation(llm: Any, job: dict[str, Any], index: int, spec: dict[str, Any
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Run every conversation in one engine; per conversation, its turns' results."""
-    llm = _make_llm(job)
+    llm = make_llm(job)
     warmup = job.get("warmup")
     if warmup:
         from vllm import SamplingParams, TokensPrompt
@@ -102,9 +88,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     """Entry point: read the job file named on the command line."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    job = json.loads(Path(sys.argv[1]).read_text())
-    print(RESULT_MARK + json.dumps(run(job)), flush=True)
+    job_main(run)
 
 
 if __name__ == "__main__":

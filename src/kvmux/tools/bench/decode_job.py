@@ -18,26 +18,12 @@ request's token times and each long prompt's arrival, first token and cached tok
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from kvmux.tools.runner import RESULT_MARK
+from kvmux.tools.runner import job_main, make_llm
 
 __all__ = ["run"]
-
-
-def _make_llm(job: dict[str, Any]) -> Any:
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    kwargs = {"enforce_eager": True, "skip_tokenizer_init": True, "seed": 0, **job["engine"]}
-    if job.get("kv") is not None:
-        kwargs["kv_transfer_config"] = KVTransferConfig(**job["kv"])
-    return LLM(model=job["model"], **kwargs)
 
 
 def _params(max_tokens: int) -> Any:
@@ -112,7 +98,7 @@ def _writes_settled(timeout: float = 120.0, quiet: float = 1.0) -> float:
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Compute the long prompts, then time both phases, round after round, in one engine."""
-    llm = _make_llm(job)
+    llm = make_llm(job)
     engine = llm.llm_engine
     llm.generate([_prompt(job["warmup"])], _params(4), use_tqdm=False)
     started = time.perf_counter()
@@ -132,9 +118,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     """Entry point: read the job file named on the command line."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    job = json.loads(Path(sys.argv[1]).read_text())
-    print(RESULT_MARK + json.dumps(run(job)), flush=True)
+    job_main(run)
 
 
 if __name__ == "__main__":
