@@ -31,7 +31,8 @@ def _spec_line(spec: StoreSpec) -> str:
     elif isinstance(spec, RedisSpec):
         where = f"{spec.url.split('@')[-1]}{' (cluster)' if spec.cluster else ''}"
     signed = ", signed" if spec.signing is not None else ""
-    return f"{type(spec).__name__[:-4].lower()} tier {spec.name!r}: {where}{signed}"
+    replies = "" if spec.offload_prompt_only else ", generated blocks saved too"
+    return f"{type(spec).__name__[:-4].lower()} tier {spec.name!r}: {where}{signed}{replies}"
 
 
 def _parse_json(text: str) -> Mapping[str, Any]:

@@ -54,6 +54,16 @@ def test_a_store_connector_config(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "pw" not in out
 
 
+def test_a_tier_that_saves_generated_blocks_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    store = {"type": "memory", "capacity": "1GiB", "offload_prompt_only": False}
+    config = {**MUX, "kv_connector_extra_config": {"tiers": [store]}}
+    status, out, _ = run(config, capsys)
+    assert status == 0
+    assert (
+        "memory tier 'memory': 1073741824 bytes of host memory, generated blocks saved too" in out
+    )
+
+
 @pytest.mark.parametrize(
     ("config", "named"),
     [
