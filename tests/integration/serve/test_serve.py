@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
+import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -173,7 +175,17 @@ def _serve_all(model: Path, kv: dict[str, Any], log: Path) -> dict[str, Any]:
         runs["restarted"] = workload(url, str(model))
         runs["restarted"]["metrics"] = hit_metrics(url)
         runs["restarted"]["tiers"] = tier_series(url)
+        runs["bench"] = bench_serve(url, model)
     return runs
+
+
+def bench_serve(url: str, model: Path) -> subprocess.CompletedProcess[str]:
+    """``vllm bench serve`` of a few random prompts against the server at ``url``."""
+    command = [str(Path(sys.executable).parent / "vllm"), "bench", "serve"]
+    command += ["--base-url", url, "--model", str(model), "--dataset-name", "random"]
+    command += ["--random-input-len", "256", "--random-output-len", "4", "--num-prompts", "4"]
+    command += ["--disable-tqdm", "--seed", "0"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
 def same_output(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -235,3 +247,10 @@ def test_each_tier_exports_its_own_counters_zeros_included(served: dict[str, Any
         ("0:memory", "memory"),
         ("1:disk", "disk"),
     }
+
+
+def test_vllm_bench_serve_runs_against_a_server_with_kvmux(served: dict[str, Any]) -> None:
+    """``vllm bench serve`` works in the environment the README's setup creates."""
+    bench = served["bench"]
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    assert re.search(r"Successful requests:\s+4\b", bench.stdout), bench.stdout[-3000:]
