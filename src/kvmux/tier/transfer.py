@@ -17,6 +17,7 @@ asynchronous loads), so nothing but the GPU orders them before the forward pass.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -39,6 +40,11 @@ _DTYPES = {
     "int8": torch.int8,
 }
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+# an entry's bytes are read-only and only ever read here: PyTorch's warning that a tensor
+# over them could be written is noise in the engine's log (for this module's calls only)
+warnings.filterwarnings(
+    "ignore", message="The given buffer is not writable", category=UserWarning, module=__name__
+)
 
 
 def _block_dim(tensor: torch.Tensor, num_blocks: int | None) -> int:
