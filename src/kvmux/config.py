@@ -201,17 +201,9 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
     if kind == "redis":
         return _parse_redis(spec, where)
     capacity = parse_capacity(_required(spec, "capacity", where), f"{where}.capacity")
-    queue, signing = _save_queue(spec, where), _signing(spec, where)
-    loads, prompt_only = _async_loads(spec, where), _prompt_only(spec, where)
+    options = _tier_options(spec, where)
     if kind == "memory":
-        return MemorySpec(
-            capacity=capacity,
-            name=_name(spec, "memory", where),
-            save_queue=queue,
-            async_loads=loads,
-            offload_prompt_only=prompt_only,
-            signing=signing,
-        )
+        return MemorySpec(capacity=capacity, name=_name(spec, "memory", where), **options)
     path = _required(spec, "path", where)
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}.path", f"expected a directory path, got {path!r}")
@@ -219,11 +211,18 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         path=Path(path).expanduser(),
         capacity=capacity,
         name=_name(spec, "disk", where),
-        save_queue=queue,
-        async_loads=loads,
-        offload_prompt_only=prompt_only,
-        signing=signing,
+        **options,
     )
+
+
+def _tier_options(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The options every store spec takes, parsed (signing last: it reads its keys)."""
+    return {
+        "save_queue": _save_queue(spec, where),
+        "async_loads": _async_loads(spec, where),
+        "offload_prompt_only": _prompt_only(spec, where),
+        "signing": _signing(spec, where),
+    }
 
 
 def _prompt_only(spec: Mapping[str, Any], where: str) -> bool:
@@ -324,10 +323,7 @@ def _parse_redis(spec: Mapping[str, Any], where: str) -> RedisSpec:
         key=_optional_str(spec, "key", where),
         lookup_wait=_positive_number(spec, "lookup_wait", 0.005, where),
         breaker_seconds=_positive_number(spec, "breaker_seconds", 1.0, where),
-        save_queue=_save_queue(spec, where),
-        async_loads=_async_loads(spec, where),
-        offload_prompt_only=_prompt_only(spec, where),
-        signing=_signing(spec, where),
+        **_tier_options(spec, where),
     )
 
 
