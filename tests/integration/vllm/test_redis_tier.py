@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from tests.integration.conftest import (
     results,
     store_kv,
 )
-from tests.support.redis_server import RedisServer, valkey_or_skip
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.vllm
 
@@ -46,15 +46,6 @@ def reference(run_job: Callable[..., dict[str, Any]]) -> dict[str, Any]:
 def baseline(reference: dict[str, Any]) -> list[list[int]]:
     tokens: list[list[int]] = reference["tokens"]
     return tokens
-
-
-@pytest.fixture(scope="module")
-def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A valkey-server for the cross-engine test (skipped where none is installed)."""
-    program = valkey_or_skip()
-    server = RedisServer(tmp_path_factory.mktemp("valkey"), program=program).start()
-    yield server
-    server.kill()
 
 
 def engine_on(run_job: Callable[..., dict[str, Any]], url: str) -> dict[str, Any]:
