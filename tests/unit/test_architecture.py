@@ -18,7 +18,13 @@ ROOT = Path(kvmux.__file__).parent
 TOP_LEVEL = {"__init__", "cli", "codec", "config", "errors", "keys", "metrics"}
 PACKAGES = {"mux", "policies", "stores", "tier", "tools", "vllm"}
 ROLE_NAMES = {"scheduler", "worker", "plan"}  # the same role, the same name, in tier/ and mux/
-TORCH_ALLOWED = ("kvmux.tier.worker", "kvmux.tier.transfer", "kvmux.vllm.", "kvmux.tools.")
+TORCH_ALLOWED = (
+    "kvmux.tier.worker",
+    "kvmux.tier.transfer",
+    "kvmux.tier.slab",
+    "kvmux.vllm.",
+    "kvmux.tools.",
+)
 
 
 def _module_name(path: Path) -> str:

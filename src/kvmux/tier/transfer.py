@@ -88,6 +88,11 @@ class BlockMover:
         self._on_gpu = self.device.type == "cuda"
         self._save_stream: Any = None  # made at the first save from a GPU cache
 
+    @property
+    def kv_layers(self) -> list[tuple[torch.Tensor, int]]:
+        """Each layer's KV cache tensor with the dimension that indexes its blocks."""
+        return list(zip(self._layers, self._dims, strict=True))
+
     def copy_out(self, block_ids: Sequence[int]) -> list[torch.Tensor]:
         """Host copies, one per layer, shaped ``[len(block_ids), *block_shape]``."""
         return self.start_copy_out(block_ids).wait()

@@ -7,9 +7,8 @@ ones run on an ``AsyncLoader`` (``tier/loader.py``) while the engine keeps stepp
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -21,12 +20,13 @@ from kvmux import codec
 from kvmux.codec import DecodedEntry, LayerSpec, SigningKeys
 from kvmux.config import DEFAULT_SAVE_QUEUE
 from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
-from kvmux.keys import BlockKey, store_key
+from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
-from kvmux.tier.loader import AsyncLoader, FinishedLoads
-from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
+from kvmux.tier.loader import FinishedLoads
+from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.transfer import BlockMover, CopyStream, HostCopies
+from kvmux.tier.worker_base import WorkerBase
 
 __all__ = ["FinishedLoads", "TierWorker"]
 
@@ -55,8 +55,8 @@ def _only(kv_caches: dict[str, torch.Tensor], names: Sequence[str]) -> dict[str,
     return {name: tensor for name, tensor in kv_caches.items() if name in wanted}
 
 
-class TierWorker:
-    """Moves blocks between one store and the engine's KV cache for one rank."""
+class TierWorker(WorkerBase):
+    """Moves blocks between one byte store and the engine's KV cache for one rank."""
 
     def __init__(
         self,
@@ -67,37 +67,31 @@ class TierWorker:
         save_queue: int = DEFAULT_SAVE_QUEUE,
         signing: SigningKeys | None = None,
     ):
+        super().__init__(store.name, rank, stats)
         self._store = store
         self._signing = signing  # sign what is saved, load only what verifies
         self._namespace = namespace
-        self._rank = rank
-        self._stats = stats
         self._movers: list[BlockMover] = []  # one per KV cache group
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"kvmux-{store.name}-save")
         self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"kvmux-{store.name}-read")
-        # one loader thread reads a request's entries in turn: reader threads would only
-        # take more of the cores the forward pass runs on
-        self._loader = AsyncLoader(
-            partial(self._load_blocks, parallel=False), self._bytes_of, store.name
-        )
-        self._pending: dict[bytes, Future[None]] = {}
-        self._pending_lock = threading.Lock()
+        self._pending: dict[bytes, Future[None]] = {}  # guarded by _lock
         self._save_queue = save_queue  # bound of host bytes copied out and not yet written
-        self._queued_bytes = 0  # guarded by _pending_lock
+        self._queued_bytes = 0  # guarded by _lock
         self._group_bytes: list[int] = []  # host bytes of one block of each group's layers
-        self._load_errors: set[int] = set()
-        self._failed_this_step: set[int] = set()  # blocks whose load failed, until the save
-        self._missing: set[BlockKey] = set()
         # entries that failed verification: replaced when the block is saved again
         # (insertion-ordered, the oldest forgotten past UNVERIFIED_KEPT); guarded by
-        # _pending_lock (loads note them on loader threads, the writer thread reads them)
+        # _lock (loads note them on loader threads, the writer thread reads them)
         self._unverified: dict[bytes, None] = {}
-        self._warned: set[str] = set()
 
     @property
     def store(self) -> KVStore:
         """The store this worker reads and writes."""
         return self._store
+
+    @property
+    def registered(self) -> bool:
+        """Whether the KV cache is registered."""
+        return bool(self._movers)
 
     def register(
         self,
@@ -105,11 +99,7 @@ class TierWorker:
         num_blocks: int | None,
         groups: Sequence[Sequence[str]] | None = None,
     ) -> None:
-        """Adopt the engine's KV cache tensors; ``groups``: each KV cache group's layers.
-
-        Without ``groups`` every layer is in one group. A group's entry holds its layers
-        in the order of ``kv_caches``.
-        """
+        """Adopt the engine's KV cache tensors (see ``WorkerBase.register``)."""
         layers_of = [kv_caches] if groups is None else [_only(kv_caches, g) for g in groups]
         self._movers = [BlockMover(layers, num_blocks) for layers in layers_of]
         self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
@@ -118,25 +108,9 @@ class TierWorker:
             host = sum(self._group_bytes) if device.type == "cpu" else None
             self._loader.use(CopyStream(device), host)
 
-    def _skey(self, key: BlockKey) -> bytes:
-        return store_key(key, self._rank)
-
-    def _warn_once(self, kind: str, message: str, *args: object) -> None:
-        level = logging.WARNING if kind not in self._warned else logging.DEBUG
-        self._warned.add(kind)
-        log.log(level, message, *args)
-
-    # -- loads ---------------------------------------------------------------
-
-    def load(self, loads: Sequence[BlockTransfer]) -> None:
-        """Copy every planned block into the KV cache before the forward pass."""
-        self._failed_this_step = set()  # a new step: what failed before is settled
-        if not loads or not self._movers:
-            return
-        landed = self._load_blocks(loads)
-        failed = {t.block_id for t, ok in zip(loads, landed, strict=True) if not ok}
-        self._load_errors |= failed
-        self._failed_this_step |= failed
+    def _load_async_batch(self, transfers: Sequence[BlockTransfer]) -> list[bool]:
+        """On a loader thread: the blocks read in turn, not on reader threads."""
+        return self._load_blocks(transfers, parallel=False)
 
     def _load_blocks(self, transfers: Sequence[BlockTransfer], parallel: bool = True) -> list[bool]:
         """Read, verify and copy in each block; whether each landed (failures counted)."""
@@ -179,25 +153,13 @@ class TierWorker:
                 landed[row] = True
         return landed
 
-    def start_loads(self, loads: Sequence[RequestLoad]) -> None:
-        """Start each request's load on a loader thread; ``finished_loads`` reports it."""
-        self._loader.start(loads)
-
-    def finished_loads(self, finished_req_ids: Iterable[str] = ()) -> FinishedLoads:
-        """Asynchronous loads that ended since the last call, each request exactly once.
-
-        ``finished_req_ids`` are requests the engine finished or aborted: their loads
-        stop at the next batch, and their failures are not reported (nothing runs on them).
-        """
-        return self._loader.finished(finished_req_ids)
-
     def _fetch_all(self, skeys: list[bytes], parallel: bool = True) -> list[bytes | None]:
         """Every entry, after any queued save of it; a failed read is a miss.
 
         A store whose reads block on I/O is read key by key (on reader threads if
         ``parallel``); a batched store in one ``get_many``.
         """
-        with self._pending_lock:
+        with self._lock:
             pending = {self._pending[k] for k in skeys if k in self._pending}
         for future in pending:
             future.exception()  # waits; a failed save is simply a miss
@@ -254,14 +216,14 @@ class TierWorker:
 
     def _note_unverified(self, skey: bytes) -> None:
         """An entry under ``skey`` did not verify: this engine's own save of it replaces it."""
-        with self._pending_lock:
+        with self._lock:
             self._unverified[skey] = None
             if len(self._unverified) > UNVERIFIED_KEPT:
                 del self._unverified[next(iter(self._unverified))]
 
     def _replace_unverified(self, keys: list[bytes]) -> None:
         """Delete the stored entries of ``keys`` that did not verify: this save replaces them."""
-        with self._pending_lock:
+        with self._lock:
             if not self._unverified:
                 return
             found = [key for key in keys if key in self._unverified]
@@ -273,39 +235,7 @@ class TierWorker:
     def _drop(self, skey: bytes) -> None:
         self._guarded("delete", self._store.delete, skey, None)
 
-    def take_load_errors(self) -> set[int]:
-        """Block ids that failed to load since the last call."""
-        errors, self._load_errors = self._load_errors, set()
-        return errors
-
-    def _report_missing(self, keys: Iterable[BlockKey]) -> None:
-        """Keys the store does not hold after all (from any thread): the index forgets them."""
-        with self._pending_lock:
-            self._missing.update(keys)
-
-    def take_missing(self) -> set[BlockKey]:
-        """Block keys the store could not serve, or never got, since the last call."""
-        with self._pending_lock:
-            missing, self._missing = self._missing, set()
-        return missing
-
     # -- saves ---------------------------------------------------------------
-
-    def drop_saves_over(self, block_ids: Iterable[int]) -> None:
-        """Blocks another connector failed to load this step: do not save what used them."""
-        self._failed_this_step.update(block_ids)
-
-    def _untainted(self, plan: TierStepPlan) -> list[BlockTransfer]:
-        """The planned saves, less blocks computed over a block that failed to load."""
-        failed, self._failed_this_step = self._failed_this_step, set()
-        if not failed:
-            return plan.saves
-        tainted = plan.blocks_computed_over(failed)
-        dropped = [t for t in plan.saves if t.block_id in tainted]
-        if dropped:
-            self._report_missing(t.key for t in dropped)  # the scheduler's index forgets them
-            self._stats.add(tainted_saves=len(dropped))
-        return [t for t in plan.saves if t.block_id not in tainted]
 
     def _admit(self, saves: list[BlockTransfer]) -> list[BlockTransfer]:
         """The saves that fit in the save queue; the rest are dropped and counted.
@@ -313,7 +243,7 @@ class TierWorker:
         A slow store must never make host memory grow without bound, nor make the
         forward pass wait: past the bound, saves are simply not made.
         """
-        with self._pending_lock:
+        with self._lock:
             room, count = self._save_queue - self._queued_bytes, 0
             for transfer in saves:
                 room -= max(1, self._bytes_of(transfer))
@@ -362,7 +292,7 @@ class TierWorker:
         evictions = [self._skey(k) for k in plan.evictions]
         blocks = [t.key for t in saves]
         future = self._writer.submit(self._write, blocks, keys, copied, evictions)
-        with self._pending_lock:
+        with self._lock:
             for skey in keys:
                 self._pending[skey] = future
         queued = sum(map(self._bytes_of, saves))
@@ -371,7 +301,7 @@ class TierWorker:
     def _settle(
         self, blocks: list[BlockKey], keys: list[bytes], queued: int, future: Future[None]
     ) -> None:
-        with self._pending_lock:
+        with self._lock:
             self._queued_bytes -= queued
             for skey in keys:
                 if self._pending.get(skey) is future:
@@ -420,9 +350,14 @@ class TierWorker:
         """Wait until every queued save is written."""
         self._writer.submit(lambda: None).result()
 
+    def clear(self) -> None:
+        """Drop everything the store holds, once the queued saves are written."""
+        self.flush()
+        self._store.clear()
+
     def close(self) -> None:
         """Stop loads, finish queued saves and release threads and the store."""
-        self._loader.close()
+        super().close()
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         self._store.close()

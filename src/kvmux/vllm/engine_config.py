@@ -12,6 +12,7 @@ import torch
 from blake3 import blake3
 
 from kvmux.errors import ConfigError
+from kvmux.tier.slab import ROW_ALIGN
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
@@ -22,8 +23,8 @@ __all__ = [
     "checkpoint_identity",
     "engine_namespace",
     "group_windows",
-    "payload_bytes_per_block",
     "prefer_recompute",
+    "slab_slot_bytes",
 ]
 
 
@@ -83,13 +84,26 @@ def block_size_of(kv_cache_config: KVCacheConfig) -> int:
     return sizes.pop()
 
 
-def _group_payload(group: Any) -> int:
-    return int(group.kv_cache_spec.page_size_bytes) * len(group.layer_names)
+def slab_slot_bytes(kv_cache_config: KVCacheConfig) -> int:
+    """Host bytes of one slot of the memory tier's slab (``tier/slab.py``), of one rank.
+
+    A slot holds one block of any group: layer position ``p`` is as wide as the widest
+    ``p``-th layer of any group, rounded up to ``ROW_ALIGN``.
+    """
+    pages = [
+        (int(g.kv_cache_spec.page_size_bytes), len(g.layer_names))
+        for g in kv_cache_config.kv_cache_groups
+    ]
+    positions = max((count for _, count in pages), default=0)
+    widths = (
+        _round_up(max(page for page, count in pages if count > p), ROW_ALIGN)
+        for p in range(positions)
+    )
+    return max(1, sum(widths))
 
 
-def payload_bytes_per_block(kv_cache_config: KVCacheConfig) -> int:
-    """Bytes of the largest entry: one block of one group's layers, of one rank."""
-    return max(_group_payload(g) for g in kv_cache_config.kv_cache_groups)
+def _round_up(size: int, align: int) -> int:
+    return -(-size // align) * align
 
 
 def _hf_config_digest(vllm_config: VllmConfig) -> str:

@@ -34,13 +34,15 @@ from kvmux.stores import KVStore, open_store
 from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
 from kvmux.tier.plan import TierStepPlan
 from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
+from kvmux.tier.slab_worker import SlabWorker
 from kvmux.tier.worker import TierWorker
+from kvmux.tier.worker_base import WorkerBase
 from kvmux.vllm.engine_config import (
     block_size_of,
     engine_namespace,
     group_windows,
-    payload_bytes_per_block,
     prefer_recompute,
+    slab_slot_bytes,
 )
 from kvmux.vllm.events import TierEvents, events_enabled
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
@@ -65,7 +67,6 @@ if TYPE_CHECKING:
 __all__ = ["StoreConnector"]
 
 log = logging.getLogger(__name__)
-HEADER_ALLOWANCE = 4096  # upper bound of an entry's header and trailer bytes
 
 
 def _worker_rank() -> int:
@@ -142,7 +143,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed_loads: dict[str, int] = {}  # request -> first failed position, to report
         self._generating: dict[str, Request] = {}  # requests whose generated blocks are saved
         self._scheduler: TierScheduler | None = None
-        self._worker: TierWorker | None = None
+        self._worker: WorkerBase | None = None
         self._view: TierView | None = None
         self._events: TierEvents | None = None  # only when the engine publishes KV events
         if role == KVConnectorRole.SCHEDULER:
@@ -159,6 +160,9 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 record_saves=self._events is not None,
             )
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
+        elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/slab.py
+            slots = spec.capacity // slab_slot_bytes(kv_cache_config)
+            self._worker = SlabWorker(spec.name, slots, _worker_rank(), self.stats)
         else:
             self._worker = TierWorker(
                 self.open_store(spec),
@@ -175,8 +179,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     def _scheduler_view(self, kv_cache_config: KVCacheConfig) -> TierView:
         spec = self.config.store
         if isinstance(spec, MemorySpec):  # only the workers can see it: mirror it
-            entry = payload_bytes_per_block(kv_cache_config) + HEADER_ALLOWANCE
-            return MirrorIndex(spec.capacity, entry)
+            return MirrorIndex(spec.capacity, slab_slot_bytes(kv_cache_config))
         if isinstance(spec, RedisSpec):
             return RemoteStoreView(self.open_store(spec), self.stats, spec.lookup_wait)
         return SharedStoreView(self.open_store(spec), self.stats)
@@ -429,8 +432,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self._events.cleared()
             return reset
         if self._worker is not None:
-            self._worker.flush()
-            self._worker.store.clear()
+            self._worker.clear()
         return True
 
 

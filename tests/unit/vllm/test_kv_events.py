@@ -155,7 +155,7 @@ def test_a_block_already_announced_is_not_announced_again(model_dir: str) -> Non
 
 def test_a_memory_tier_eviction_is_a_block_removed(model_dir: str) -> None:
     # two entries fit: a's last two blocks are kept, then evicted by c's
-    tiny = {**MEMORY, "capacity": "10KiB"}
+    tiny = {**MEMORY, "capacity": 256}
     scheduler, publisher = scheduler_of(config(model_dir, store=tiny))
     a = request("a")
     scheduler.add_request(a)

@@ -1,0 +1,222 @@
+"""Worker-side half of the memory tier: blocks kept in preallocated host slots.
+
+The scheduler's ``MirrorIndex`` decides which keys the tier holds and which it evicts;
+this worker keeps each held key's slot, tagged with the key. A load copies a slot in
+only if its tag is the key asked for: a slot that was reused, or a save that never
+happened, is a miss, never another block's KV.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+import torch
+
+from kvmux.keys import BlockKey
+from kvmux.metrics import TierStats
+from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.slab import HostSlab
+from kvmux.tier.transfer import BlockMover, CopyStream
+from kvmux.tier.worker_base import WorkerBase
+
+__all__ = ["SlabWorker"]
+
+log = logging.getLogger(__name__)
+
+
+def _only(kv_caches: dict[str, torch.Tensor], names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The layers named in ``names``, in the order of ``kv_caches``."""
+    wanted = set(names)
+    return {name: tensor for name, tensor in kv_caches.items() if name in wanted}
+
+
+class SlabWorker(WorkerBase):
+    """Moves blocks between preallocated host slots and the engine's KV cache for one rank."""
+
+    def __init__(self, name: str, slots: int, rank: int, stats: TierStats):
+        super().__init__(name, rank, stats)
+        self._slots = slots
+        self._slab: HostSlab | None = None
+        # guarded by _lock (asynchronous loads run on loader threads):
+        self._slot_of: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
+        self._tags: list[BlockKey | None] = []  # the key each slot holds
+        self._free: deque[int] = deque()  # freed slots, in the order they were freed
+
+    @property
+    def registered(self) -> bool:
+        """Whether the KV cache is registered and the slots allocated."""
+        return self._slab is not None
+
+    def register(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        num_blocks: int | None,
+        groups: Sequence[Sequence[str]] | None = None,
+    ) -> None:
+        """Adopt the engine's KV cache tensors and allocate the slots (see ``WorkerBase``)."""
+        layers_of = [kv_caches] if groups is None else [_only(kv_caches, g) for g in groups]
+        movers = [BlockMover(layers, num_blocks) for layers in layers_of]
+        slab = HostSlab(movers, self._slots)
+        with self._lock:
+            self._slab = slab
+            self._slot_of.clear()
+            self._tags = [None] * slab.slots
+            self._free = deque(range(slab.slots))
+        host = slab.slot_bytes if slab.device.type == "cpu" else None
+        self._loader.use(CopyStream(slab.device), host)
+        log.info(
+            "kvmux tier %s: %d host slots of %d bytes (%.1f MiB)%s",
+            self.name,
+            slab.slots,
+            slab.slot_bytes,
+            slab.slots * slab.slot_bytes / 2**20,
+            ", pinned" if slab.device.type == "cuda" else "",
+        )
+
+    def _bytes_of(self, transfer: BlockTransfer) -> int:
+        return self._slab.block_bytes(transfer.group) if self._slab is not None else 0
+
+    # -- loads ---------------------------------------------------------------
+
+    def _load_blocks(self, transfers: Sequence[BlockTransfer]) -> list[bool]:
+        """Copy each block in from its slot if the slot still holds its key."""
+        started = time.perf_counter()
+        landed = [False] * len(transfers)
+        loaded_bytes = 0
+        with self._lock:
+            slab = self._slab
+            assert slab is not None, "a load before the KV cache was registered"
+            for group, rows in self._by_group(transfers).items():
+                found = [
+                    (row, slot) for row in rows if (slot := self._held(transfers[row])) is not None
+                ]
+                if not found:
+                    continue
+                try:
+                    slab.load(
+                        group, [transfers[row].block_id for row, _ in found], [s for _, s in found]
+                    )
+                except Exception as exc:  # a bug, never wrong KV: the blocks are recomputed
+                    self._warn_once("copy", "kvmux tier %s: copy-in failed: %r", self.name, exc)
+                    continue
+                for row, _ in found:
+                    landed[row] = True
+                loaded_bytes += len(found) * slab.block_bytes(group)
+        self._report_missing(t.key for t, ok in zip(transfers, landed, strict=True) if not ok)
+        self._stats.add(
+            loaded_blocks=sum(landed),
+            load_errors=len(landed) - sum(landed),
+            bytes_loaded=loaded_bytes,
+            load_seconds=time.perf_counter() - started,
+        )
+        return landed
+
+    def _held(self, transfer: BlockTransfer) -> int | None:
+        """The slot holding the transfer's key (now most recently used); None: not held."""
+        slot = self._slot_of.get(transfer.key)
+        if slot is None:
+            return None
+        if self._tags[slot] != transfer.key:  # never happens unless the bookkeeping is wrong
+            self._warn_once("tag", "kvmux tier %s: slot %d holds another key", self.name, slot)
+            del self._slot_of[transfer.key]
+            return None
+        self._slot_of.move_to_end(transfer.key)
+        return slot
+
+    @staticmethod
+    def _by_group(transfers: Sequence[BlockTransfer]) -> dict[int, list[int]]:
+        rows_of: dict[int, list[int]] = {}
+        for row, transfer in enumerate(transfers):
+            rows_of.setdefault(transfer.group, []).append(row)
+        return rows_of
+
+    # -- saves ---------------------------------------------------------------
+
+    def save(self, plan: TierStepPlan) -> None:
+        """Evict the planned keys, then copy the planned blocks into free slots."""
+        saves = self._untainted(plan)
+        slab = self._slab
+        if slab is None or not (saves or plan.evictions):
+            return
+        started = time.perf_counter()
+        saved = saved_bytes = 0
+        with self._lock:
+            for key in plan.evictions:
+                self._evict(key)
+            for group, rows in self._by_group(saves).items():
+                count = self._save_group(slab, group, [saves[row] for row in rows])
+                saved += count
+                saved_bytes += count * slab.block_bytes(group)
+            stored = len(self._slot_of) * slab.slot_bytes
+        self._stats.add(
+            saved_blocks=saved,
+            bytes_saved=saved_bytes,
+            save_seconds=time.perf_counter() - started,
+        )
+        self._stats.observe_stored(stored)
+
+    def _save_group(self, slab: HostSlab, group: int, transfers: list[BlockTransfer]) -> int:
+        """Copy a group's blocks not held yet into free slots; how many were saved."""
+        new: dict[BlockKey, int] = {}  # key -> block id, each key once
+        for transfer in transfers:
+            if transfer.key in self._slot_of:
+                self._slot_of.move_to_end(transfer.key)
+            else:
+                new.setdefault(transfer.key, transfer.block_id)
+        slots = self._take_slots(len(new))
+        keys = list(new)[: len(slots)]
+        if not keys:
+            return 0
+        try:
+            slab.save(group, [new[key] for key in keys], slots)
+        except Exception as exc:  # a bug: the blocks are simply not saved
+            self._free.extend(slots)
+            self._missing.update(keys)  # under _lock: the scheduler's index forgets them
+            self._stats.add(save_errors=len(keys))
+            self._warn_once("save", "kvmux tier %s: copy-out failed: %r", self.name, exc)
+            return 0
+        for key, slot in zip(keys, slots, strict=True):
+            self._slot_of[key] = slot
+            self._tags[slot] = key
+        return len(keys)
+
+    def _take_slots(self, count: int) -> list[int]:
+        """``count`` free slots (fewer only if the slab is smaller), oldest freed first.
+
+        The scheduler evicts before it admits, so slots are free; if they are not (its
+        index and this worker disagree), the least recently used keys here make room and
+        are reported missing.
+        """
+        while len(self._free) < count and self._slot_of:
+            key, _ = next(iter(self._slot_of.items()))
+            self._evict(key)
+            self._missing.add(key)  # under _lock
+        return [self._free.popleft() for _ in range(min(count, len(self._free)))]
+
+    def _evict(self, key: BlockKey) -> None:
+        slot = self._slot_of.pop(key, None)
+        if slot is not None:
+            self._tags[slot] = None
+            self._free.append(slot)
+
+    def flush(self) -> None:
+        """Wait until the saves' copies have landed (on CUDA; on the host they have)."""
+        if self._slab is not None:
+            self._slab.flush()
+
+    def clear(self) -> None:
+        """Forget every block (the slots stay allocated)."""
+        with self._lock:
+            for key in list(self._slot_of):
+                self._evict(key)
+
+    def close(self) -> None:
+        """Stop loads and release the slots."""
+        super().close()
+        with self._lock:
+            self._slab = None
+            self._slot_of.clear()
+            self._free.clear()

@@ -1,0 +1,154 @@
+"""What every worker-side tier shares: a step's load bookkeeping and what a save must skip.
+
+``TierWorker`` (``tier/worker.py``) moves blocks to and from a byte store;
+``SlabWorker`` (``tier/slab_worker.py``) to and from preallocated host slots.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from kvmux.keys import BlockKey, store_key
+from kvmux.metrics import TierStats
+from kvmux.tier.loader import AsyncLoader, FinishedLoads
+from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
+
+__all__ = ["WorkerBase"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerBase(ABC):
+    """Moves blocks between one tier and the engine's KV cache for one rank."""
+
+    name: str  # the tier's name, in logs and thread names
+
+    def __init__(self, name: str, rank: int, stats: TierStats):
+        self.name = name
+        self._rank = rank
+        self._stats = stats
+        # one loader thread reads a request's blocks in turn: reader threads would only
+        # take more of the cores the forward pass runs on
+        self._loader = AsyncLoader(self._load_async_batch, self._bytes_of, name)
+        self._lock = threading.Lock()  # guards _missing and what subclasses say it guards
+        self._load_errors: set[int] = set()
+        self._failed_this_step: set[int] = set()  # blocks whose load failed, until the save
+        self._missing: set[BlockKey] = set()
+        self._warned: set[str] = set()
+
+    @abstractmethod
+    def register(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        num_blocks: int | None,
+        groups: Sequence[Sequence[str]] | None = None,
+    ) -> None:
+        """Adopt the engine's KV cache tensors; ``groups``: each KV cache group's layers.
+
+        Without ``groups`` every layer is in one group. A group's entry holds its layers
+        in the order of ``kv_caches``.
+        """
+
+    @abstractmethod
+    def _load_blocks(self, transfers: Sequence[BlockTransfer]) -> list[bool]:
+        """Copy each block in before the forward pass; whether each landed (failures counted)."""
+
+    def _load_async_batch(self, transfers: Sequence[BlockTransfer]) -> list[bool]:
+        """A batch of an asynchronous load, on a loader thread (``_load_blocks`` by default)."""
+        return self._load_blocks(transfers)
+
+    @abstractmethod
+    def _bytes_of(self, transfer: BlockTransfer) -> int:
+        """Host bytes of one block of the transfer's group."""
+
+    @abstractmethod
+    def save(self, plan: TierStepPlan) -> None:
+        """Save the planned blocks (evicting the planned keys first) after the forward pass."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Wait until every save made so far is in the tier."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Drop everything the tier holds."""
+
+    def close(self) -> None:
+        """Stop loads and release threads."""
+        self._loader.close()
+
+    def _skey(self, key: BlockKey) -> bytes:
+        return store_key(key, self._rank)
+
+    def _warn_once(self, kind: str, message: str, *args: object) -> None:
+        level = logging.WARNING if kind not in self._warned else logging.DEBUG
+        self._warned.add(kind)
+        log.log(level, message, *args)
+
+    # -- loads ---------------------------------------------------------------
+
+    def load(self, loads: Sequence[BlockTransfer]) -> None:
+        """Copy every planned block into the KV cache before the forward pass."""
+        self._failed_this_step = set()  # a new step: what failed before is settled
+        if not loads or not self.registered:
+            return
+        landed = self._load_blocks(loads)
+        failed = {t.block_id for t, ok in zip(loads, landed, strict=True) if not ok}
+        self._load_errors |= failed
+        self._failed_this_step |= failed
+
+    @property
+    @abstractmethod
+    def registered(self) -> bool:
+        """Whether the KV cache is registered (nothing moves before)."""
+
+    def start_loads(self, loads: Sequence[RequestLoad]) -> None:
+        """Start each request's load on a loader thread; ``finished_loads`` reports it."""
+        self._loader.start(loads)
+
+    def finished_loads(self, finished_req_ids: Iterable[str] = ()) -> FinishedLoads:
+        """Asynchronous loads that ended since the last call, each request exactly once.
+
+        ``finished_req_ids`` are requests the engine finished or aborted: their loads
+        stop at the next batch, and their failures are not reported (nothing runs on them).
+        """
+        return self._loader.finished(finished_req_ids)
+
+    def take_load_errors(self) -> set[int]:
+        """Block ids that failed to load since the last call."""
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def _report_missing(self, keys: Iterable[BlockKey]) -> None:
+        """Keys the tier does not hold after all (from any thread): the index forgets them."""
+        with self._lock:
+            self._missing.update(keys)
+
+    def take_missing(self) -> set[BlockKey]:
+        """Block keys the tier could not serve, or never got, since the last call."""
+        with self._lock:
+            missing, self._missing = self._missing, set()
+        return missing
+
+    # -- saves ---------------------------------------------------------------
+
+    def drop_saves_over(self, block_ids: Iterable[int]) -> None:
+        """Blocks another connector failed to load this step: do not save what used them."""
+        self._failed_this_step.update(block_ids)
+
+    def _untainted(self, plan: TierStepPlan) -> list[BlockTransfer]:
+        """The planned saves, less blocks computed over a block that failed to load."""
+        failed, self._failed_this_step = self._failed_this_step, set()
+        if not failed:
+            return plan.saves
+        tainted = plan.blocks_computed_over(failed)
+        dropped = [t for t in plan.saves if t.block_id in tainted]
+        if dropped:
+            self._report_missing(t.key for t in dropped)  # the scheduler's index forgets them
+            self._stats.add(tainted_saves=len(dropped))
+        return [t for t in plan.saves if t.block_id not in tainted]
