@@ -1,5 +1,8 @@
 """A StoreConnector whose store (on both halves) is wrapped in a FaultyStore.
 
+A memory tier has no byte store: its worker's slot copies consult the same control
+file (``tests.support.faulty_slab``).
+
 Configured like StoreConnector, plus one key of its own naming the control file:
 
     {"store": {...}, "faults": "/path/to/control.json"}
@@ -16,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from kvmux.config import StoreConnectorConfig, StoreSpec
+from kvmux.config import MemorySpec, StoreConnectorConfig, StoreSpec
 from kvmux.stores import KVStore
+from kvmux.tier.slab_worker import SlabWorker
 from kvmux.vllm.engine_config import prefer_recompute
 from kvmux.vllm.store_connector import StoreConnector
+from tests.support.faulty_slab import FaultySlabWorker
 from tests.support.faulty_store import FaultyStore
 
 if TYPE_CHECKING:
@@ -54,6 +59,10 @@ class FaultyStoreConnector(StoreConnector):
         extra = dict(extra_config or {})
         extra.pop(CONTROL_KEY, None)
         return super().parse_extra_config(extra)
+
+    def open_slab_worker(self, spec: MemorySpec, slots: int) -> SlabWorker:
+        """The memory tier's worker, behind the control file's faults."""
+        return FaultySlabWorker(spec.name, slots, 0, self.stats, self.control)
 
     def open_store(self, spec: StoreSpec) -> KVStore:
         """The real store, behind the control file's faults."""

@@ -99,7 +99,8 @@ class SlabWorker(WorkerBase):
                     slab.load(
                         group, [transfers[row].block_id for row, _ in found], [s for _, s in found]
                     )
-                except Exception as exc:  # a bug, never wrong KV: the blocks are recomputed
+                except Exception as exc:  # never wrong KV: the blocks are recomputed
+                    self._stats.add(store_errors=1)
                     self._warn_once("copy", "kvmux tier %s: copy-in failed: %r", self.name, exc)
                     continue
                 for row, _ in found:
@@ -172,10 +173,10 @@ class SlabWorker(WorkerBase):
             return 0
         try:
             slab.save(group, [new[key] for key in keys], slots)
-        except Exception as exc:  # a bug: the blocks are simply not saved
+        except Exception as exc:  # the blocks are simply not saved
             self._free.extend(slots)
             self._missing.update(keys)  # under _lock: the scheduler's index forgets them
-            self._stats.add(save_errors=len(keys))
+            self._stats.add(save_errors=len(keys), store_errors=1)
             self._warn_once("save", "kvmux tier %s: copy-out failed: %r", self.name, exc)
             return 0
         for key, slot in zip(keys, slots, strict=True):

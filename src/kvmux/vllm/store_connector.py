@@ -162,7 +162,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/slab.py
             slots = spec.capacity // slab_slot_bytes(kv_cache_config)
-            self._worker = SlabWorker(spec.name, slots, _worker_rank(), self.stats)
+            self._worker = self.open_slab_worker(spec, slots)
         else:
             self._worker = TierWorker(
                 self.open_store(spec),
@@ -183,6 +183,10 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         if isinstance(spec, RedisSpec):
             return RemoteStoreView(self.open_store(spec), self.stats, spec.lookup_wait)
         return SharedStoreView(self.open_store(spec), self.stats)
+
+    def open_slab_worker(self, spec: MemorySpec, slots: int) -> SlabWorker:
+        """The memory tier's worker half (a subclass may wrap it, e.g. in tests)."""
+        return SlabWorker(spec.name, slots, _worker_rank(), self.stats)
 
     def open_store(self, spec: StoreSpec) -> KVStore:
         """The store this connector's half uses (a subclass may wrap it, e.g. in tests)."""

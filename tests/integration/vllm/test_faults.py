@@ -36,7 +36,7 @@ BLOCK = 128  # the CPU backend's block size
 LOGPROB_TOLERANCE = 1e-3
 SETTLE = 0.2  # seconds for the writer threads to finish a phase's saves
 REFRESH_PAUSE = 1.2  # past RemoteStoreView.GENERATION_REFRESH_SECONDS: a refresh is due
-BLOCK_ENTRY = 2 * 128 * 2 * 32 * 4 * 2 + 4096  # the tiny Llama's block, as the index counts it
+BLOCK_ENTRY = 2 * 128 * 2 * 32 * 4 * 2  # the tiny Llama's block: one memory-tier slot
 
 LONG = make_prompt(71, 10 * BLOCK + 1)
 PROMPTS = {
@@ -79,16 +79,23 @@ def tier_phases(control: str, memory: bool = False) -> list[Phase]:
         return Phase(name, {control: spec}, (prompt,))
 
     none = {control: {"fault": "none"}}
+    # a memory tier's slots are the engine's own memory: nothing else writes them
+    corruption = [
+        phase("corrupt", "P", fault="corrupt"),
+        phase("truncate", "P", fault="truncate"),
+    ]
+    spoiled = [phase("corrupt-some", "P", fault="corrupt", fraction=0.5, seed=3)]
+    if memory:
+        corruption, spoiled = [], [phase("evict-some", "P", fault="evict", fraction=0.5, seed=3)]
     phases = [
         # W first: a Redis tier neither loads nor saves a request before its generation
         # is known, which its first request only starts to read
         Phase("warm", none, ("W", "P", "P"), cached=(None, 0, HITS)),
         phase("error-get", "P", fault="error", on=["get"]),
         Phase("latency", {control: {"fault": "latency", "ms": 20}}, ("P",), cached=(HITS,)),
-        phase("corrupt", "P", fault="corrupt"),
-        phase("truncate", "P", fault="truncate"),
+        *corruption,
         phase("evict", "P", fault="evict"),
-        phase("corrupt-some", "P", fault="corrupt", fraction=0.5, seed=3),
+        *spoiled,
         phase("enospc", "Q", fault="enospc"),
         phase("error-put", "R", fault="error", on="writes"),
         phase("unavailable-reads", "P", fault="error", on="reads", error="unavailable"),
@@ -119,7 +126,6 @@ def mux_phases() -> list[Phase]:
     return [
         both("warm", none, none, prompts=("LONG", "HEAD", "LONG"), cached=(0, 5 * BLOCK, LONG_HIT)),
         both("memory-error-get", {"fault": "error", "on": ["get"]}, none),
-        both("memory-corrupt", {"fault": "corrupt"}, none),
         both("memory-evict", {"fault": "evict"}, none),
         both("memory-error-put", {"fault": "error", "on": "writes"}, none),
         both("disk-error-get", none, {"fault": "error", "on": ["get"]}),

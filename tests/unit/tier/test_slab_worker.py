@@ -1,0 +1,181 @@
+"""kvmux.tier.slab_worker.SlabWorker: the memory tier's slots, kept in step with its index."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvmux.keys import BlockKey, block_keys, namespace_id  # noqa: E402
+from kvmux.metrics import TierStats  # noqa: E402
+from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
+from kvmux.tier.slab import HostSlab  # noqa: E402
+from kvmux.tier.slab_worker import SlabWorker  # noqa: E402
+
+NUM_BLOCKS = 8
+NS = namespace_id({"m": "slab"})
+KEYS = block_keys(NS, list(range(6 * 16)), 16)
+BLOCK_BYTES = 2 * (2 * 4 * 8 * 4)  # two float32 layers of [2, 4, 8] per block
+
+
+def _caches(random: bool) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(7)
+    shape = (NUM_BLOCKS, 2, 4, 8)
+    if random:
+        return {f"layer.{i}": torch.randn(shape, generator=generator) for i in range(2)}
+    return {f"layer.{i}": torch.zeros(shape) for i in range(2)}
+
+
+@pytest.fixture
+def workers() -> Iterator[list[SlabWorker]]:
+    made: list[SlabWorker] = []
+    yield made
+    for worker in made:
+        worker.close()
+
+
+def _worker(made: list[SlabWorker], caches: dict[str, Any], slots: int = 4) -> SlabWorker:
+    worker = SlabWorker("memory", slots, 0, TierStats())
+    worker.register(caches, NUM_BLOCKS)
+    made.append(worker)
+    return worker
+
+
+def _save(worker: SlabWorker, *pairs: tuple[BlockKey, int], evict: Sequence[BlockKey] = ()) -> None:
+    worker.save(TierStepPlan(saves=[BlockTransfer(k, b) for k, b in pairs], evictions=list(evict)))
+
+
+def _same(a: dict[str, Any], block_a: int, b: dict[str, Any], block_b: int) -> bool:
+    return all(
+        torch.equal(x[block_a], y[block_b]) for x, y in zip(a.values(), b.values(), strict=True)
+    )
+
+
+def test_save_then_load_into_other_blocks(workers: list[SlabWorker]) -> None:
+    caches = _caches(random=True)
+    original = {name: t.clone() for name, t in caches.items()}
+    worker = _worker(workers, caches)
+    _save(worker, (KEYS[0], 1), (KEYS[1], 3))
+    worker.load([BlockTransfer(KEYS[0], 6), BlockTransfer(KEYS[1], 7)])
+    assert worker.take_load_errors() == set() and worker.take_missing() == set()
+    assert _same(caches, 6, original, 1) and _same(caches, 7, original, 3)
+    stats = worker._stats
+    assert (stats.saved_blocks, stats.loaded_blocks) == (2, 2)
+    assert stats.bytes_saved == stats.bytes_loaded == 2 * BLOCK_BYTES
+    assert stats.stored_bytes == 2 * BLOCK_BYTES
+
+
+def test_a_key_not_held_is_a_counted_miss(workers: list[SlabWorker]) -> None:
+    worker = _worker(workers, _caches(random=True))
+    _save(worker, (KEYS[0], 1))
+    worker.load([BlockTransfer(KEYS[0], 5), BlockTransfer(KEYS[2], 6)])
+    assert worker.take_load_errors() == {6}
+    assert worker.take_missing() == {KEYS[2]}
+    assert worker._stats.load_errors == 1
+
+
+def test_planned_evictions_free_slots_for_the_next_saves(workers: list[SlabWorker]) -> None:
+    caches = _caches(random=True)
+    worker = _worker(workers, caches, slots=2)
+    _save(worker, (KEYS[0], 0), (KEYS[1], 1))
+    _save(worker, (KEYS[2], 2), (KEYS[3], 3), evict=[KEYS[0], KEYS[1]])
+    assert worker.take_missing() == set()  # the scheduler evicted: nothing to report
+    worker.load([BlockTransfer(KEYS[0], 4)])
+    assert worker.take_missing() == {KEYS[0]}
+    original = {name: t.clone() for name, t in caches.items()}
+    worker.load([BlockTransfer(KEYS[2], 5), BlockTransfer(KEYS[3], 6)])
+    assert _same(caches, 5, original, 2) and _same(caches, 6, original, 3)
+
+
+def test_out_of_slots_the_least_recently_used_go_and_are_reported(
+    workers: list[SlabWorker],
+) -> None:
+    worker = _worker(workers, _caches(random=True), slots=2)
+    _save(worker, (KEYS[0], 0), (KEYS[1], 1))
+    worker.load([BlockTransfer(KEYS[0], 4)])  # KEYS[0] is now the most recently used
+    _save(worker, (KEYS[2], 2))  # the index did not evict: the worker makes room itself
+    assert worker.take_missing() == {KEYS[1]}
+    worker.load([BlockTransfer(KEYS[0], 5), BlockTransfer(KEYS[2], 6)])
+    assert worker.take_load_errors() == set()
+
+
+def test_a_slot_whose_tag_differs_is_never_loaded(workers: list[SlabWorker]) -> None:
+    caches = _caches(random=True)
+    worker = _worker(workers, caches)
+    _save(worker, (KEYS[0], 1), (KEYS[1], 2))
+    slot = worker._slot_of[KEYS[0]]
+    worker._tags[slot] = KEYS[1]  # the bookkeeping gone wrong: the slot claims another key
+    before = caches["layer.0"][5].clone()
+    worker.load([BlockTransfer(KEYS[0], 5)])
+    assert worker.take_load_errors() == {5}
+    assert torch.equal(caches["layer.0"][5], before)
+
+
+def test_a_key_saved_twice_takes_one_slot(workers: list[SlabWorker]) -> None:
+    worker = _worker(workers, _caches(random=True))
+    _save(worker, (KEYS[0], 1), (KEYS[0], 1))
+    _save(worker, (KEYS[0], 1))
+    assert len(worker._slot_of) == 1 and worker._stats.saved_blocks == 1
+
+
+class _Broken(HostSlab):
+    def load(self, group: int, block_ids: Sequence[int], slots: Sequence[int]) -> None:
+        raise RuntimeError("copy-in broke")
+
+    def save(self, group: int, block_ids: Sequence[int], slots: Sequence[int]) -> None:
+        raise RuntimeError("copy-out broke")
+
+
+def test_failed_copies_are_misses_never_crashes(workers: list[SlabWorker]) -> None:
+    worker = _worker(workers, _caches(random=True))
+    _save(worker, (KEYS[0], 1))
+    assert worker._slab is not None
+    worker._slab.__class__ = _Broken
+    worker.load([BlockTransfer(KEYS[0], 5)])
+    assert worker.take_load_errors() == {5}
+    _save(worker, (KEYS[1], 2))
+    assert worker.take_missing() == {KEYS[0], KEYS[1]}
+    stats = worker._stats
+    assert (stats.load_errors, stats.save_errors, stats.store_errors) == (1, 1, 2)
+    assert len(worker._free) == 3  # the failed save's slot is free again
+
+
+def test_saves_computed_over_a_failed_load_are_dropped(workers: list[SlabWorker]) -> None:
+    worker = _worker(workers, _caches(random=True))
+    worker.load([BlockTransfer(KEYS[0], 0)])  # not held: block 0 failed
+    plan = TierStepPlan(saves=[BlockTransfer(KEYS[1], 1)], tables={"r": [0, 1]})
+    worker.save(plan)
+    assert KEYS[1] not in worker._slot_of
+    assert worker._stats.tainted_saves == 1
+
+
+def test_an_asynchronous_load_lands_and_is_reported_once(workers: list[SlabWorker]) -> None:
+    caches = _caches(random=True)
+    original = {name: t.clone() for name, t in caches.items()}
+    worker = _worker(workers, caches)
+    _save(worker, (KEYS[0], 1), (KEYS[1], 2))
+    load = RequestLoad("r", 0, ((BlockTransfer(KEYS[0], 5),), (BlockTransfer(KEYS[1], 6),)))
+    worker.start_loads([load])
+    deadline = time.monotonic() + 30
+    finished: set[str] = set()
+    while not finished and time.monotonic() < deadline:
+        report = worker.finished_loads()
+        finished = report.finished
+        assert report.failed == {}
+        time.sleep(0.01)
+    assert finished == {"r"}
+    assert _same(caches, 5, original, 1) and _same(caches, 6, original, 2)
+    assert worker.finished_loads().finished == set()
+
+
+def test_clear_forgets_every_block(workers: list[SlabWorker]) -> None:
+    worker = _worker(workers, _caches(random=True))
+    _save(worker, (KEYS[0], 1), (KEYS[1], 2))
+    worker.clear()
+    worker.load([BlockTransfer(KEYS[0], 5)])
+    assert worker.take_load_errors() == {5}
+    assert len(worker._free) == 4
