@@ -98,6 +98,7 @@ class HostSlab:
             for width in widths
         ]
         self._groups = [self._group_layers(mover) for mover in movers]
+        self._block_bytes = [sum(s.nbytes for s in mover.layer_specs) for mover in movers]
         self._save_stream: Any = None  # made at the first save from a GPU cache
         self._saved: Any = None  # CUDA event after the last save's copies
         self._loaded: Any = None  # CUDA event after the last load's copies
@@ -115,7 +116,7 @@ class HostSlab:
 
     def block_bytes(self, group: int) -> int:
         """Bytes of one block of ``group``'s layers."""
-        return sum(layer.slab[0].nbytes for layer in self._groups[group])
+        return self._block_bytes[group]
 
     def save(self, group: int, block_ids: Sequence[int], slots: Sequence[int]) -> None:
         """Copy the group's blocks ``block_ids`` of every layer into ``slots``."""

@@ -16,10 +16,12 @@ from tqdm import tqdm
 from kvmux import codec
 from kvmux.codec import LayerSpec
 from kvmux.config import RedisSpec
-from kvmux.keys import namespace_id
+from kvmux.keys import BlockKey, namespace_id
+from kvmux.metrics import TierStats
 from kvmux.stores.disk import DiskStore
-from kvmux.stores.memory import MemoryStore
 from kvmux.stores.redis import RedisStore
+from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.slab_worker import SlabWorker
 from kvmux.tier.transfer import BlockMover
 from kvmux.tools.bench.redis_proc import RedisProcess
 
@@ -146,16 +148,40 @@ class _Bench:
 
 
 def _memory(b: _Bench) -> list[dict[str, Any]]:
-    store = MemoryStore(capacity=2 * b.entries * (b.entry_bytes + 4096))
-    put = b.measure(
-        "memory put", b.singles, lambda u: store.put(b.keys[u[0]], b.encode(u[0])), store.clear
-    )
-    get = b.measure("memory get", b.singles, lambda u: b.load(u[0], store.get(b.keys[u[0]])))
-    dst = torch.empty_like(b.payloads)
-    limit = b.measure("memory limit", b.singles, lambda u: dst[u[0]].copy_(b.payloads[u[0]]))
-    store.clear()
-    name = "tensor copy (dst.copy_(src), uint8)"
-    return [_row("memory", "put", put, name, limit), _row("memory", "get", get, name, limit)]
+    """The memory tier's worker: a step's blocks into its slots and back, as in the engine.
+
+    The KV cache is the source layers (group 0) and a second group of identical layers
+    the blocks are loaded into; block ids are shuffled, as in a paged cache.
+    """
+    caches = {f"src.{n}": t for n, t in enumerate(b.source)}
+    caches.update({f"dst.{n}": torch.zeros_like(t) for n, t in enumerate(b.source)})
+    groups = [[f"src.{n}" for n in range(LAYERS)], [f"dst.{n}" for n in range(LAYERS)]]
+    worker = SlabWorker("memory", b.entries, 0, TierStats())
+    worker.register(caches, b.entries, groups)
+    order = torch.randperm(b.entries, generator=torch.Generator().manual_seed(1)).tolist()
+    keys = [BlockKey(key) for key in b.keys]
+
+    def put(unit: Unit) -> None:
+        worker.save(TierStepPlan(saves=[BlockTransfer(keys[i], order[i], 0) for i in unit]))
+
+    def get(unit: Unit) -> None:
+        worker.load([BlockTransfer(keys[i], order[-1 - i], 1) for i in unit])
+        if worker.take_load_errors():
+            raise RuntimeError("an entry went missing during the benchmark")
+
+    saved = b.measure("memory put", b.batches, put, worker.clear)
+    loaded = b.measure("memory get", b.batches, get)
+    worker.close()
+    flat = b.payloads.reshape(-1)
+    dst = torch.empty_like(flat)
+
+    def copy(unit: Unit) -> None:
+        start, end = unit[0] * b.entry_bytes, (unit[-1] + 1) * b.entry_bytes
+        dst[start:end].copy_(flat[start:end])
+
+    limit = b.measure("memory limit", b.batches, copy)
+    name = f"tensor copy of a step's {BATCH} blocks (dst.copy_(src), contiguous)"
+    return [_row("memory", "put", saved, name, limit), _row("memory", "get", loaded, name, limit)]
 
 
 def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -277,7 +303,7 @@ def run_store_bench(
             "keep": f"best of {REPEATS} repeats (lowest total time)",
             "gb": "1e9 bytes of payload (entries x entry_bytes)",
             "seconds": "sum of the timed calls (time.perf_counter)",
-            "latency": f"per entry; redis: time of a batch of {BATCH} / entries in it",
+            "latency": f"per entry; memory and redis: time of a step of {BATCH} / entries in it",
             "torch_threads": torch.get_num_threads(),
         },
         "rows": rows + disk_rows + redis_rows,
