@@ -17,7 +17,8 @@ nvidia-smi -L
 KVMUX_VLLM="${KVMUX_VLLM:-vllm==0.32.*}" KVMUX_WITH_REDIS=1 bash scripts/setup.sh
 .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no CUDA device")'
 echo "kvmux gpu_check: copies between a GPU KV cache and host memory"
-.venv/bin/python -m pytest -q -rs tests/unit/tier/test_transfer.py tests/unit/tier/test_worker.py
+.venv/bin/python -m pytest -q -rs tests/unit/tier/test_transfer.py tests/unit/tier/test_worker.py \
+  tests/unit/tier/test_slab.py tests/unit/tier/test_slab_worker.py
 echo "kvmux gpu_check: engines on the GPU"
 .venv/bin/python -m pytest -q -rs \
   tests/integration/vllm/test_store_connector.py \

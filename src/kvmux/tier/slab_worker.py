@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kvmux.errors import ConfigError
 from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
@@ -59,7 +60,14 @@ class SlabWorker(WorkerBase):
         """Adopt the engine's KV cache tensors and allocate the slots (see ``WorkerBase``)."""
         layers_of = [kv_caches] if groups is None else [_only(kv_caches, g) for g in groups]
         movers = [BlockMover(layers, num_blocks) for layers in layers_of]
-        slab = HostSlab(movers, self._slots)
+        try:
+            slab = HostSlab(movers, self._slots)
+        except RuntimeError as exc:  # e.g. more pinned memory than the host can lock
+            raise ConfigError(
+                "capacity",
+                f"memory tier {self.name!r} cannot allocate {self._slots} block slots: {exc}",
+                "a budget the host can allocate (pinned, with a GPU KV cache)",
+            ) from exc
         with self._lock:
             self._slab = slab
             self._slot_of.clear()

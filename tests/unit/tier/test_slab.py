@@ -86,3 +86,34 @@ def test_slots_are_preallocated_once() -> None:
     slab.load(0, list(range(8)), list(range(8)))
     assert [t.data_ptr() for t in slab._arena] == before
     assert sum(t.numel() for t in slab._arena) == 16 * slab.slot_bytes
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here"),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["blocks_first", "blocks_second"])
+def test_save_reuse_and_load_on_every_device(device: str, layout: str) -> None:
+    """Saves, a slot reused by a later save, and loads, in order, on the host or a GPU."""
+    source = {k: v.to(device) for k, v in _caches(layout, torch.bfloat16, seed=11).items()}
+    slab = HostSlab([BlockMover(source, NUM_BLOCKS)], slots=3)
+    assert all(t.is_pinned() == (device == "cuda") for t in slab._arena)
+    dim = LAYOUTS[layout][1]
+    originals = {name: t.clone() for name, t in source.items()}
+    slab.save(0, [0, 1, 2], [0, 1, 2])
+    slab.load(0, [5, 6], [0, 1])  # slots 0 and 1 read back ...
+    slab.save(0, [3], [0])  # ... before slot 0 is reused
+    slab.load(0, [7], [0])
+    slab.flush()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for name, tensor in source.items():
+        for loaded, saved in ((5, 0), (6, 1), (7, 3)):
+            got, want = tensor.select(dim, loaded), originals[name].select(dim, saved)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16))  # NaNs too
