@@ -297,7 +297,12 @@ def _instrument(llm: Any) -> dict[str, Any]:
 
 
 def _corrupt(step: dict[str, Any]) -> dict[str, Any]:
-    files = sorted(Path(step["path"]).glob("??/*.kvx"), key=lambda p: p.stat().st_mtime)
+    """Flip a byte in ``count`` disk entries: the oldest, or with ``newest`` the newest."""
+    files = sorted(
+        Path(step["path"]).glob("??/*.kvx"),
+        key=lambda p: p.stat().st_mtime_ns,
+        reverse=bool(step.get("newest", False)),
+    )
     touched = []
     for path in files[: step.get("count", 1)]:
         data = bytearray(path.read_bytes())

@@ -171,13 +171,14 @@ def test_second_engine_hits_disk_and_recomputes_a_corrupt_entry(
 ) -> None:
     store = {"type": "disk", "path": str(disk_dir), "capacity": "256MiB"}
     steps = [
-        {"op": "corrupt", "path": str(disk_dir), "count": 1},
+        generate(DISK_SET[0]),  # a hit refreshes its entries' mtimes: they are the newest
+        {"op": "corrupt", "path": str(disk_dir), "count": 1, "newest": True},
         generate(DISK_SET[0]),
         generate(DISK_SET[1]),
     ]
     run = run_job(steps, kv=store_kv(store), enable_prefix_caching=False)
     assert results(run, "corrupt")[0]["corrupted"]
-    first, second = results(run)
+    _, first, second = results(run)
     assert first["tokens"] == [expect(baseline, DISK_SET[0])]
     assert second["tokens"] == [expect(baseline, DISK_SET[1])]
     assert second["num_cached_tokens"] == [full_blocks_below_last(DISK_SET[1])]
