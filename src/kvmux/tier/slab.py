@@ -93,8 +93,9 @@ class HostSlab:
         self._on_gpu = self.device.type == "cuda"
         self.slots = slots
         self.slot_bytes = sum(widths)  # host bytes of one slot (every layer position)
+        # zeroed: every page is committed now, not by the first saves of a busy engine
         self._arena = [
-            torch.empty((slots, width), dtype=torch.uint8, pin_memory=self._on_gpu)
+            torch.zeros((slots, width), dtype=torch.uint8, pin_memory=self._on_gpu)
             for width in widths
         ]
         self._groups = [self._group_layers(mover) for mover in movers]
