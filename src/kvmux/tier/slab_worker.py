@@ -108,6 +108,8 @@ class SlabWorker(WorkerBase):
                         group, [transfers[row].block_id for row, _ in found], [s for _, s in found]
                     )
                 except Exception as exc:  # never wrong KV: the blocks are recomputed
+                    for row, _ in found:  # and their slots freed: the index forgets them too
+                        self._evict(transfers[row].key)
                     self._stats.add(store_errors=1)
                     self._warn_once("copy", "kvmux tier %s: copy-in failed: %r", self.name, exc)
                     continue

@@ -141,7 +141,7 @@ def test_failed_copies_are_misses_never_crashes(workers: list[SlabWorker]) -> No
     assert worker.take_missing() == {KEYS[0], KEYS[1]}
     stats = worker._stats
     assert (stats.load_errors, stats.save_errors, stats.store_errors) == (1, 1, 2)
-    assert len(worker._free) == 3  # the failed save's slot is free again
+    assert len(worker._free) == 4  # the failed load's and the failed save's slots are free
 
 
 def test_saves_computed_over_a_failed_load_are_dropped(workers: list[SlabWorker]) -> None:
