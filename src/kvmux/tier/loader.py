@@ -27,6 +27,7 @@ LOADERS = 2  # requests loading at once
 LOAD_BATCH = 8  # blocks read at a time (bounds the bytes held; an abort stops between batches)
 LOADER_NICE = 10  # loader threads' CPU priority (Linux): the forward pass's threads come first
 HOST_STEP_BYTES = 4 * 2**20  # into host memory: bytes copied in per engine step (see StepBudget)
+IDLE_WAIT_SECONDS = 0.02  # an idle engine step waits at most this long for a load to end
 
 LoadBlocks = Callable[[Sequence[BlockTransfer]], list[bool]]  # whether each block landed
 SizeOf = Callable[[BlockTransfer], int]  # host bytes of a block
@@ -84,7 +85,14 @@ class StepBudget:
     def __init__(self, per_step: int | None = None):
         self._per_step = per_step
         self._available = per_step or 0
+        self._unpaced = False  # an idle step: no forward pass to share the cores with
         self._changed = threading.Condition()
+
+    def unpace(self, unpaced: bool) -> None:
+        """Whether this step runs no forward pass: then loads are not paced."""
+        with self._changed:
+            self._unpaced = unpaced
+            self._changed.notify_all()
 
     def refill(self) -> None:
         """A new engine step: its share of bytes (unused shares do not pile up)."""
@@ -99,7 +107,7 @@ class StepBudget:
         if self._per_step is None:
             return
         with self._changed:
-            while self._available <= 0 and not cancel.is_set():
+            while self._available <= 0 and not self._unpaced and not cancel.is_set():
                 self._changed.wait(0.05)
             self._available -= size
 
@@ -125,6 +133,7 @@ class AsyncLoader:
         self._loading: dict[str, threading.Event] = {}  # request -> its cancel flag
         self._ended: list[_Ended] = []
         self._lock = threading.Lock()  # guards _ended
+        self._ending = threading.Condition(self._lock)  # a load ended
 
     def use(self, copies: CopyStream, host_block_bytes: int | None) -> None:
         """The KV cache is registered: where copies run; if it is host memory, the bytes of
@@ -134,6 +143,10 @@ class AsyncLoader:
         if host_block_bytes is not None:
             self._budget = StepBudget(max(HOST_STEP_BYTES, host_block_bytes))
             self._batch_size = 1
+
+    def begin_step(self, idle: bool) -> None:
+        """A new engine step; ``idle``: it runs no forward pass (loads go unpaced)."""
+        self._budget.unpace(idle)
 
     def start(self, loads: Sequence[RequestLoad]) -> None:
         """Start each request's load; ``finished`` reports it."""
@@ -162,6 +175,7 @@ class AsyncLoader:
             ended.fail(load.start + first, (t.block_id for t in _flat(load.positions[first:])))
         with self._lock:
             self._ended.append(ended)
+            self._ending.notify_all()
 
     def _batch(self, batch: Sequence[Position], start: int, ended: _Ended) -> None:
         landed = iter(self._load_blocks(_flat(batch)))
@@ -170,11 +184,14 @@ class AsyncLoader:
             if failed:
                 ended.fail(index, failed)
 
-    def finished(self, finished_req_ids: Iterable[str] = ()) -> FinishedLoads:
+    def finished(self, finished_req_ids: Iterable[str] = (), idle: bool = False) -> FinishedLoads:
         """Loads that ended since the last call, each request exactly once.
 
         ``finished_req_ids`` are requests the engine finished or aborted: their loads
         stop at the next batch, and their failures are not reported (nothing runs on them).
+        In an ``idle`` step (no forward pass: every request waits) this waits up to
+        ``IDLE_WAIT_SECONDS`` for a load to end, so the engine's loop does not spin and
+        hold the interpreter the loader threads need between their reads and copies.
         """
         self._budget.refill()
         for req_id in finished_req_ids:
@@ -182,6 +199,8 @@ class AsyncLoader:
             if cancel is not None:
                 cancel.set()
         with self._lock:
+            if idle and self._loading and not self._ended:
+                self._ending.wait(IDLE_WAIT_SECONDS)
             ended, self._ended = self._ended, []
         report = FinishedLoads()
         for end in ended:

@@ -65,6 +65,7 @@ class TierStepPlan:
     saves: list[BlockTransfer] = field(default_factory=list)
     evictions: list[BlockKey] = field(default_factory=list)
     tables: dict[str, list[int]] = field(default_factory=dict)  # req id -> its block ids
+    idle: bool = False  # no forward pass this step: loads may have the cores to themselves
 
     def blocks_computed_over(self, failed: set[int]) -> set[int]:
         """Blocks at or after a failed block in any request's table: not to be saved."""

@@ -107,17 +107,24 @@ class WorkerBase(ABC):
     def registered(self) -> bool:
         """Whether the KV cache is registered (nothing moves before)."""
 
-    def start_loads(self, loads: Sequence[RequestLoad]) -> None:
-        """Start each request's load on a loader thread; ``finished_loads`` reports it."""
+    def start_loads(self, loads: Sequence[RequestLoad], idle: bool = False) -> None:
+        """Start each request's load on a loader thread; ``finished_loads`` reports it.
+
+        ``idle``: this step runs no forward pass, so loads are not paced (``StepBudget``).
+        """
+        self._loader.begin_step(idle)
         self._loader.start(loads)
 
-    def finished_loads(self, finished_req_ids: Iterable[str] = ()) -> FinishedLoads:
+    def finished_loads(
+        self, finished_req_ids: Iterable[str] = (), idle: bool = False
+    ) -> FinishedLoads:
         """Asynchronous loads that ended since the last call, each request exactly once.
 
         ``finished_req_ids`` are requests the engine finished or aborted: their loads
         stop at the next batch, and their failures are not reported (nothing runs on them).
+        In an ``idle`` step this waits briefly for a load to end (``AsyncLoader.finished``).
         """
-        return self._loader.finished(finished_req_ids)
+        return self._loader.finished(finished_req_ids, idle)
 
     def take_load_errors(self) -> set[int]:
         """Block ids that failed to load since the last call."""

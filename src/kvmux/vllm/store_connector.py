@@ -232,6 +232,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         """This step's loads, saves and evictions."""
         assert self._scheduler is not None
         plan = self._scheduler.build(map(self._with_tokens, _scheduled(scheduler_output)))
+        plan.idle = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
         if self._events is not None:
             self._events.removed(plan.evictions)
             self._events.stored(self._scheduler.take_saved())
@@ -307,7 +308,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         plan = self._plan()
         if plan is not None and self._worker is not None:
             self._worker.load(plan.loads)
-            self._worker.start_loads(plan.async_loads)
+            self._worker.start_loads(plan.async_loads, plan.idle)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Synchronous loads finish in ``start_load_kv``; nothing to wait for."""
@@ -342,7 +343,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         """
         if self._worker is None:
             return KVConnectorTransferResults()
-        done = self._worker.finished_loads(finished_req_ids)
+        plan = self._plan()
+        done = self._worker.finished_loads(finished_req_ids, plan is not None and plan.idle)
         self._failed_loads.update(done.failed)
         failed: set[str] = set()
         if len(self._windows) > 1:

@@ -239,3 +239,15 @@ def test_a_load_into_host_memory_waits_for_the_engine_steps(
     time.sleep(0.2)
     assert stats.loaded_blocks == 1  # the budget of the step it started in
     assert _wait(worker) == FinishedLoads(finished={"r"})  # each report is a step: on it goes
+
+
+def test_an_idle_step_lets_a_paced_load_run_unpaced() -> None:
+    budget = StepBudget(per_step=1)
+    cancel = threading.Event()
+    budget.take(1, cancel)  # the step's share is spent: the next take waits for a refill
+    taker = threading.Thread(target=budget.take, args=(1, cancel), daemon=True)
+    taker.start()
+    budget.unpace(True)  # a step without a forward pass: no pacing
+    taker.join(timeout=30)
+    assert not taker.is_alive()
+    budget.unpace(False)
