@@ -20,18 +20,12 @@ from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.slab import HostSlab
-from kvmux.tier.transfer import BlockMover, CopyStream
+from kvmux.tier.transfer import CopyStream, group_movers
 from kvmux.tier.worker_base import WorkerBase
 
 __all__ = ["SlabWorker"]
 
 log = logging.getLogger(__name__)
-
-
-def _only(kv_caches: dict[str, torch.Tensor], names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The layers named in ``names``, in the order of ``kv_caches``."""
-    wanted = set(names)
-    return {name: tensor for name, tensor in kv_caches.items() if name in wanted}
 
 
 class SlabWorker(WorkerBase):
@@ -58,8 +52,7 @@ class SlabWorker(WorkerBase):
         groups: Sequence[Sequence[str]] | None = None,
     ) -> None:
         """Adopt the engine's KV cache tensors and allocate the slots (see ``WorkerBase``)."""
-        layers_of = [kv_caches] if groups is None else [_only(kv_caches, g) for g in groups]
-        movers = [BlockMover(layers, num_blocks) for layers in layers_of]
+        movers = group_movers(kv_caches, num_blocks, groups)
         try:
             slab = HostSlab(movers, self._slots)
         except RuntimeError as exc:  # e.g. more pinned memory than the host can lock

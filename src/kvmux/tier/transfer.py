@@ -28,7 +28,7 @@ import torch
 from kvmux.codec import DecodedEntry, LayerSpec
 from kvmux.errors import CorruptEntry
 
-__all__ = ["BlockMover", "CopyStream", "HostCopies"]
+__all__ = ["BlockMover", "CopyStream", "HostCopies", "group_movers"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -177,6 +177,23 @@ class BlockMover:
                 entry.payload, dtype=torch.uint8, count=spec.nbytes, offset=offset
             )
             target.copy_(raw.view(_DTYPES[spec.dtype]).view(spec.shape))
+
+
+def group_movers(
+    kv_caches: dict[str, torch.Tensor],
+    num_blocks: int | None,
+    groups: Sequence[Sequence[str]] | None = None,
+) -> list[BlockMover]:
+    """One mover per KV cache group (its layers in the order of ``kv_caches``); one for
+    every layer without ``groups``."""
+    if groups is None:
+        return [BlockMover(kv_caches, num_blocks)]
+    movers = []
+    for names in groups:
+        wanted = set(names)
+        layers = {name: tensor for name, tensor in kv_caches.items() if name in wanted}
+        movers.append(BlockMover(layers, num_blocks))
+    return movers
 
 
 def _host_copy(target: torch.Tensor, payload: memoryview, offset: int) -> None:

@@ -25,7 +25,7 @@ from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
-from kvmux.tier.transfer import BlockMover, CopyStream, HostCopies
+from kvmux.tier.transfer import BlockMover, CopyStream, HostCopies, group_movers
 from kvmux.tier.worker_base import WorkerBase
 
 __all__ = ["FinishedLoads", "TierWorker"]
@@ -47,12 +47,6 @@ class _Copied:
     def parts(self) -> list[memoryview]:
         """Raw bytes of the block's layers, without copying (once the copies landed)."""
         return BlockMover.block_parts(self.copies.wait(), self.row)
-
-
-def _only(kv_caches: dict[str, torch.Tensor], names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The layers named in ``names``, in the order of ``kv_caches``."""
-    wanted = set(names)
-    return {name: tensor for name, tensor in kv_caches.items() if name in wanted}
 
 
 class TierWorker(WorkerBase):
@@ -100,8 +94,7 @@ class TierWorker(WorkerBase):
         groups: Sequence[Sequence[str]] | None = None,
     ) -> None:
         """Adopt the engine's KV cache tensors (see ``WorkerBase.register``)."""
-        layers_of = [kv_caches] if groups is None else [_only(kv_caches, g) for g in groups]
-        self._movers = [BlockMover(layers, num_blocks) for layers in layers_of]
+        self._movers = group_movers(kv_caches, num_blocks, groups)
         self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
         if self._movers:
             device = self._movers[0].device
