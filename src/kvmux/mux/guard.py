@@ -29,6 +29,7 @@ _COUNTERS = (
     "load_seconds",
     "save_seconds",
 )
+_ZEROS = dict.fromkeys(_COUNTERS, 0.0)
 NOTABLE = frozenset({"load_errors", "save_errors", "errors", "skipped_calls"})  # reported at once
 
 
@@ -152,33 +153,58 @@ class ChildGuard:
         self.closed = False
         self.notices.pending = True
 
+    def moved(self) -> bool:
+        """Whether a counter moved or the breaker tripped in this interval."""
+        return bool(
+            self.lookups
+            or self.hit_tokens
+            or self.load_seconds
+            or self.save_seconds
+            or self.counters
+            or self.breaker.trips != self._reported_trips
+        )
+
     def snapshot(self) -> dict[str, float | str]:
         """Counters plus the breaker's state."""
-        data: dict[str, float | str] = {name: self.counters.get(name, 0.0) for name in _COUNTERS}
-        data.update(self._attributes())
+        data: dict[str, float | str] = dict(_ZEROS)
+        data.update(self.counters)
+        data["lookups"] = self.lookups
+        data["hit_tokens"] = self.hit_tokens
+        data["load_seconds"] = self.load_seconds
+        data["save_seconds"] = self.save_seconds
         data["breaker_trips"] = float(self.breaker.trips - self._reported_trips)
         data["breaker_open"] = 0.0 if self.breaker.is_closed else 1.0
         return data
 
     def reset_counters(self) -> None:
         """Start a new stats interval."""
-        for name, value in self._current().items():
-            self.lifetime[name] += value
-        self.counters.clear()
+        lifetime = self.lifetime
+        if self.counters:
+            for name, value in self.counters.items():
+                lifetime[name] += value
+            self.counters.clear()
+        lifetime["lookups"] += self.lookups
+        lifetime["hit_tokens"] += self.hit_tokens
+        lifetime["load_seconds"] += self.load_seconds
+        lifetime["save_seconds"] += self.save_seconds
         self.lookups = self.hit_tokens = self.load_seconds = self.save_seconds = 0.0
         self._reported_trips = self.breaker.trips
 
-    def _attributes(self) -> dict[str, float]:
+    def take_interval(self) -> dict[str, float | str]:
+        """This interval's ``snapshot``; a new interval starts."""
+        data = self.snapshot()
+        self.reset_counters()
+        return data
+
+    def _current(self) -> dict[str, float]:
+        """This interval's counters, the attribute ones included."""
         return {
+            **self.counters,
             "lookups": self.lookups,
             "hit_tokens": self.hit_tokens,
             "load_seconds": self.load_seconds,
             "save_seconds": self.save_seconds,
         }
-
-    def _current(self) -> dict[str, float]:
-        """This interval's counters, the attribute ones included."""
-        return {**self.counters, **self._attributes()}
 
     def totals(self) -> dict[str, float]:
         """Counters since the guard was made, plus the breaker's trips and state."""

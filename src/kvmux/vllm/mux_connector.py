@@ -591,14 +591,11 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self, stats: MuxConnectorStats | None, now: float
     ) -> MuxConnectorStats | None:
         """``stats`` with the mux's counters of the interval, unless nothing moved."""
-        counters: dict[str, Any] = {}
         self._notices.pending = False
-        for guard in self._guards:
-            counters[guard.label] = guard.snapshot()
-            guard.reset_counters()
-        own = MuxCounterStats(data=counters)
-        if own.is_empty() and stats is None:
+        guards = self._guards
+        if stats is None and not any(guard.moved() for guard in guards):
             return None
+        own = MuxCounterStats(data={guard.label: guard.take_interval() for guard in guards})
         stats = stats or MuxConnectorStats()
         stats.data[MUX_COUNTERS] = own
         if now - self._last_stats_log >= STATS_LOG_SECONDS and not stats.is_empty():

@@ -48,6 +48,17 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, int | float]:
     return flat
 
 
+def _moved(data: dict[str, Any]) -> bool:
+    """Whether any counter in ``data`` (nested by label) is nonzero; gauges do not count."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            if _moved(value):
+                return True
+        elif value and key not in GAUGES and isinstance(value, int | float):
+            return True
+    return False
+
+
 @dataclass
 class StoreConnectorStats(KVConnectorStats):
     """One tier's counters for an interval (see kvmux.metrics.TierStats)."""
@@ -67,8 +78,7 @@ class StoreConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         """True when nothing moved."""
-        flat = _flatten(self.data).items()
-        return not any(v for k, v in flat if k.rsplit(".", 1)[-1] not in GAUGES)
+        return not _moved(self.data)
 
 
 @dataclass
