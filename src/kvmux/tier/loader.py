@@ -10,14 +10,13 @@ whatever happens: a request left waiting for ever would hold its blocks for ever
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvmux.tier.plan import BlockTransfer, RequestLoad
+from kvmux.tier.threads import in_background
 from kvmux.tier.transfer import CopyStream
 
 __all__ = ["AsyncLoader", "FinishedLoads", "StepBudget"]
@@ -25,7 +24,6 @@ __all__ = ["AsyncLoader", "FinishedLoads", "StepBudget"]
 log = logging.getLogger(__name__)
 LOADERS = 2  # requests loading at once
 LOAD_BATCH = 8  # blocks read at a time (bounds the bytes held; an abort stops between batches)
-LOADER_NICE = 10  # loader threads' CPU priority (Linux): the forward pass's threads come first
 HOST_STEP_BYTES = 4 * 2**20  # into host memory: bytes copied in per engine step (see StepBudget)
 IDLE_WAIT_SECONDS = 0.02  # an idle engine step waits at most this long for a load to end
 
@@ -58,19 +56,6 @@ class _Ended:
     def fail(self, position: int, blocks: Iterable[int]) -> None:
         self.failed_at = position if self.failed_at is None else min(self.failed_at, position)
         self.failed_blocks.update(blocks)
-
-
-def _in_background() -> None:
-    """Lower the calling thread's CPU priority (Linux only: elsewhere it is the process's).
-
-    Reads, checksums and copies release the GIL: on a machine whose cores also run the
-    forward pass (a CPU engine), loads then use the cycles it leaves instead of slowing it.
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
-        except OSError:  # not allowed: normal priority
-            log.debug("kvmux: could not lower a loader thread's priority", exc_info=True)
 
 
 class StepBudget:
@@ -125,7 +110,7 @@ class AsyncLoader:
         self._size_of = size_of
         self._name = name
         self._pool = ThreadPoolExecutor(
-            LOADERS, thread_name_prefix=f"kvmux-{name}-load", initializer=_in_background
+            LOADERS, thread_name_prefix=f"kvmux-{name}-load", initializer=in_background
         )
         self._copies: CopyStream | None = None  # set once the KV cache is registered
         self._budget = StepBudget()

@@ -25,6 +25,7 @@ from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.threads import in_background
 from kvmux.tier.transfer import BlockMover, CopyStream, HostCopies, group_movers
 from kvmux.tier.worker_base import WorkerBase
 
@@ -66,8 +67,12 @@ class TierWorker(WorkerBase):
         self._signing = signing  # sign what is saved, load only what verifies
         self._namespace = namespace
         self._movers: list[BlockMover] = []  # one per KV cache group
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"kvmux-{store.name}-save")
-        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix=f"kvmux-{store.name}-read")
+        self._writer = ThreadPoolExecutor(
+            1, thread_name_prefix=f"kvmux-{store.name}-save", initializer=in_background
+        )
+        self._readers = ThreadPoolExecutor(
+            _READERS, thread_name_prefix=f"kvmux-{store.name}-read", initializer=in_background
+        )
         self._pending: dict[bytes, Future[None]] = {}  # guarded by _lock
         self._save_queue = save_queue  # bound of host bytes copied out and not yet written
         self._queued_bytes = 0  # guarded by _lock
