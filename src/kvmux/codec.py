@@ -42,6 +42,7 @@ __all__ = [
     "SigningKeys",
     "decode",
     "encode",
+    "encode_parts",
 ]
 
 MAGIC = b"KVMX"
@@ -147,6 +148,17 @@ def encode(
     signing: SigningKeys | None = None,
 ) -> bytes:
     """Serialise one block: ``parts`` are the layers' raw bytes in order; signed if asked."""
+    return b"".join(encode_parts(namespace, key, layers, parts, signing))
+
+
+def encode_parts(
+    namespace: bytes,
+    key: bytes,
+    layers: Sequence[LayerSpec],
+    parts: Sequence[memoryview | bytes],
+    signing: SigningKeys | None = None,
+) -> list[memoryview | bytes]:
+    """``encode`` as the pieces whose concatenation is the entry, without copying ``parts``."""
     for layer in layers:
         if layer.dtype not in _DTYPE_SIZES:
             raise ValueError(f"unsupported dtype {layer.dtype!r}")
@@ -172,7 +184,8 @@ def encode(
     digest = xxhash.xxh3_64()
     for piece in pieces:
         digest.update(piece)
-    return b"".join([*pieces, _TRAILER.pack(digest.intdigest())])
+    pieces.append(_TRAILER.pack(digest.intdigest()))
+    return pieces
 
 
 def decode(

@@ -8,7 +8,7 @@ import struct
 import pytest
 import xxhash
 
-from kvmux.codec import FORMAT_VERSION, MAGIC, LayerSpec, decode, encode
+from kvmux.codec import FORMAT_VERSION, MAGIC, LayerSpec, decode, encode, encode_parts
 from kvmux.errors import CorruptEntry, KvmuxError
 from kvmux.keys import namespace_id
 
@@ -67,6 +67,13 @@ def test_round_trip_accepts_memoryview_parts_and_input() -> None:
     assert bytes(entry.payload) == b"".join(PARTS)
     entry = decode(bytearray(data), NS, KEY)
     assert entry.layers == LAYERS
+
+
+def test_encode_parts_are_the_entry_and_share_the_layers_bytes() -> None:
+    layer = bytearray(PARTS[0])
+    pieces = encode_parts(NS, KEY, LAYERS, [memoryview(layer), PARTS[1]])
+    assert b"".join(pieces) == _entry()
+    assert any(isinstance(p, memoryview) and p.obj is layer for p in pieces)  # never copied
 
 
 def test_round_trip_of_many_layers_and_dtypes() -> None:

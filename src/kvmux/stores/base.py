@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from kvmux.errors import StoreError
 
-__all__ = ["KVStore", "StoredEntry"]
+__all__ = ["KVStore", "StoredEntry", "ValueParts"]
+
+ValueParts = Sequence[memoryview | bytes]  # a value given as the pieces it concatenates
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class KVStore(ABC):
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
         """``put`` for each (key, value)."""
         return [self.put(key, value) for key, value in items]
+
+    def put_many_parts(self, items: Sequence[tuple[bytes, ValueParts]]) -> list[bool]:
+        """``put_many`` of values given as their pieces; stores that can, never join them."""
+        return self.put_many([(key, b"".join(parts)) for key, parts in items])
 
     def head(self, key: bytes, size: int) -> bytes | None:
         """The first ``size`` bytes of the value (all of a shorter one), or None if absent.

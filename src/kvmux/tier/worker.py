@@ -22,7 +22,7 @@ from kvmux.config import DEFAULT_SAVE_QUEUE
 from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
 from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
-from kvmux.stores.base import KVStore
+from kvmux.stores.base import KVStore, ValueParts
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.threads import in_background
@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _READERS = 4
 UNVERIFIED_KEPT = 4096  # keys of entries that failed verification, remembered to replace
+
+
+def _nbytes(parts: ValueParts) -> int:
+    return sum(memoryview(part).nbytes for part in parts)
 
 
 @dataclass(frozen=True)
@@ -329,9 +333,9 @@ class TierWorker(WorkerBase):
             (keys[row], self._encode(keys[row], copied[row].specs, copied[row].parts()))
             for row in rows
         ]
-        stored = self._guarded("put", self._store.put_many, items, [False] * len(items))
+        stored = self._guarded("put", self._store.put_many_parts, items, [False] * len(items))
         self._report_missing(blocks[row] for row, ok in zip(rows, stored, strict=True) if not ok)
-        written = sum(len(data) for (_, data), ok in zip(items, stored, strict=True) if ok)
+        written = sum(_nbytes(parts) for (_, parts), ok in zip(items, stored, strict=True) if ok)
         self._stats.add(
             saved_blocks=sum(stored),
             save_errors=len(items) - sum(stored),
@@ -341,8 +345,10 @@ class TierWorker(WorkerBase):
         if not self._store.batched_io:  # local stores: cheap to ask their size
             self._stats.observe_stored(self._store.used_bytes())
 
-    def _encode(self, skey: bytes, specs: Sequence[LayerSpec], parts: list[memoryview]) -> bytes:
-        return codec.encode(self._namespace, skey, specs, parts, self._signing)
+    def _encode(
+        self, skey: bytes, specs: Sequence[LayerSpec], parts: list[memoryview]
+    ) -> ValueParts:
+        return codec.encode_parts(self._namespace, skey, specs, parts, self._signing)
 
     def flush(self) -> None:
         """Wait until every queued save is written."""

@@ -127,6 +127,27 @@ def test_values_are_bytes_exactly(store: KVStore) -> None:
     assert got == value
 
 
+def test_values_given_as_parts_are_their_concatenation(store: KVStore) -> None:
+    layer = memoryview(bytearray(range(256)) * 4)
+    parts = [b"head", layer, b"", layer[:7], bytes(100)]
+    stored = store.put_many_parts([(_key(1), parts), (_key(2), [b"one piece"]), (_key(3), [])])
+    assert stored == [True, True, True]
+    assert store.get(_key(1)) == b"".join(parts)
+    assert store.get(_key(2)) == b"one piece"
+    assert store.get(_key(3)) == b""
+    assert not budgeted(store) or store.used_bytes() == len(b"".join(parts)) + 9
+
+
+def test_values_given_as_parts_respect_the_capacity(make_store: MakeStore) -> None:
+    store = make_store(100)
+    if not budgeted(store):
+        pytest.skip("the server enforces the budget")
+    assert store.put_many_parts([(_key(1), [bytes(60), bytes(41)])]) == [False]
+    assert store.put_many_parts([(_key(2), [bytes(60), bytes(40)])]) == [True]
+    assert not store.contains(_key(1))
+    assert store.used_bytes() == 100
+
+
 def test_empty_value(store: KVStore) -> None:
     assert store.put(_key(1), b"")
     assert store.contains(_key(1))

@@ -288,6 +288,36 @@ def test_failed_rename_removes_the_temp_file(
     assert store.get(_key(1)) == b"value"
 
 
+def test_short_writes_are_resumed_until_every_part_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DiskStore(tmp_path / "kv", 10_000)
+    real_writev, calls = os.writev, []
+
+    def short_writev(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(len(buffers))
+        return real_writev(fd, [buffers[0][:5]])  # at most 5 bytes of the first buffer
+
+    monkeypatch.setattr(disk_module.os, "writev", short_writev)
+    parts = [b"abcdefgh", memoryview(bytes(range(12))), b"", b"xyz"]
+    assert store.put_many_parts([(_key(1), parts)]) == [True]
+    assert store.get(_key(1)) == b"".join(parts)
+    assert len(calls) == 6  # 5+3, 5+5+2, 3 bytes
+
+
+def test_a_writev_that_writes_nothing_is_a_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DiskStore(tmp_path / "kv", 1000)
+    monkeypatch.setattr(disk_module.os, "writev", lambda fd, buffers: 0)
+    with pytest.raises(StoreError, match="write failed"):
+        store.put_many_parts([(_key(1), [b"value"])])
+    monkeypatch.undo()
+    assert list((store.root / "tmp").iterdir()) == []
+    assert not store.contains(_key(1))
+    assert store.used_bytes() == 0
+
+
 def test_delete_error_is_a_store_error(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "kv", 1000)
     path = _entry_path(store, _key(3))

@@ -7,6 +7,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from kvmux.codec import LayerSpec
 from kvmux.config import RedisSpec
 from kvmux.keys import BlockKey, namespace_id
 from kvmux.metrics import TierStats
+from kvmux.stores.base import KVStore, ValueParts
 from kvmux.stores.disk import DiskStore
 from kvmux.stores.redis import RedisStore
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
@@ -111,9 +113,18 @@ class _Bench:
         self.batches = [list(range(i, min(i + BATCH, entries))) for i in range(0, entries, BATCH)]
 
     def encode(self, i: int) -> bytes:
-        """Entry ``i`` encoded from the source layers, as a save does."""
+        """Entry ``i`` encoded from the source layers, in one piece."""
+        return b"".join(self.encode_parts(i))
+
+    def encode_parts(self, i: int) -> ValueParts:
+        """Entry ``i`` encoded from the source layers as the pieces a save writes."""
         parts = BlockMover.block_parts(self.source, i)
-        return codec.encode(NAMESPACE, self.keys[i], self.specs, parts)
+        return codec.encode_parts(NAMESPACE, self.keys[i], self.specs, parts)
+
+    def put(self, store: KVStore, unit: Unit) -> None:
+        """Encode and write the unit's entries, as a tier's writer does."""
+        items = [(self.keys[i], self.encode_parts(i)) for i in unit]
+        _check_stored(store.put_many_parts(items))
 
     def load(self, i: int, value: bytes | None) -> None:
         """Verify entry ``i`` and copy its layers into the destination, as a load does."""
@@ -205,9 +216,7 @@ def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
             path.unlink(missing_ok=True)
         os.sync()
 
-    put = b.measure(
-        "disk put", b.singles, lambda u: store.put(b.keys[u[0]], b.encode(u[0])), fresh_store
-    )
+    put = b.measure("disk put", b.singles, partial(b.put, store), fresh_store)
     write = b.measure(
         "disk write limit",
         b.singles,
@@ -237,9 +246,6 @@ def _redis(b: _Bench, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, An
     maxmemory = max(4 * 10**9, 3 * b.entries * (b.entry_bytes + 4096))
     raw_keys = [b"raw:" + key for key in b.keys]
 
-    def put_batch(unit: Unit) -> None:
-        _check_stored(store.put_many([(b.keys[i], b.encode(i)) for i in unit]))
-
     def get_batch(unit: Unit) -> None:
         for i, value in zip(unit, store.get_many([b.keys[i] for i in unit]), strict=True):
             b.load(i, value)
@@ -262,7 +268,7 @@ def _redis(b: _Bench, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, An
         store = RedisStore(spec)
         plain = redis.Redis.from_url(server.url, socket_timeout=30.0)
         try:
-            put = b.measure("redis put", b.batches, put_batch, plain.flushall)
+            put = b.measure("redis put", b.batches, partial(b.put, store), plain.flushall)
             get = b.measure("redis get", b.batches, get_batch)
             raw_set = b.measure("redis SET limit", b.batches, set_batch, plain.flushall)
             raw_get = b.measure("redis GET limit", b.batches, raw_get_batch)
