@@ -20,6 +20,7 @@ from kvmux.tools.engine import run_engine_job
 from kvmux.tools.models import MODEL_SIZES
 
 __all__ = [
+    "LAYOUTS",
     "LoadingShape",
     "Runner",
     "async_loads",
@@ -75,9 +76,18 @@ class Runner:
         return _tokens(seed, count, self.vocab)
 
     def run(
-        self, config: str, steps: list[dict[str, Any]], fresh: bool = True, **engine: Any
+        self,
+        config: str,
+        steps: list[dict[str, Any]],
+        fresh: bool = True,
+        multiprocess: bool = False,
+        **engine: Any,
     ) -> dict[str, Any]:
-        """One engine of ``config`` through ``steps``; ``fresh`` empties its local tiers first."""
+        """One engine of ``config`` through ``steps``; ``fresh`` empties its local tiers first.
+
+        ``multiprocess`` runs vLLM's default layout (engine core and worker in processes of
+        their own; the job's steps then report no tier counters).
+        """
         work = self.work / config
         if fresh:
             shutil.rmtree(work, ignore_errors=True)
@@ -98,6 +108,7 @@ class Runner:
             "engine": settings,
             "kv": kv_config(config, work, self.redis_url),
             "steps": [_gen([self.tokens(1, 256)]), *steps],  # warm-up, not measured
+            "multiprocess": multiprocess,
         }
         env = dict(ENGINE_ENV)
         return run_engine_job(job, env=env, python=self.pythons.get(config), timeout=3600)
@@ -223,8 +234,21 @@ def reuse_workload(runner: Runner, config: str) -> dict[str, Any]:
     return row
 
 
-def no_reuse(runner: Runner, config: str) -> dict[str, Any]:
-    """Workload (c): throughput of distinct prompts, best of two rounds."""
+LAYOUTS = ("multi-process", "in-process")  # vLLM's default layout first: the bar's
+
+
+def no_reuse(
+    runner: Runner, config: str, layout: str = LAYOUTS[0], pair: int = 0
+) -> dict[str, Any]:
+    """Workload (c): throughput of distinct prompts, best of two rounds, in one vLLM layout.
+
+    ``pair`` numbers the engine pair (none, kvmux) the run belongs to.
+
+    In the multi-process layout (vLLM's default, ``vllm serve``'s) the CPU backend binds
+    the forward pass to the cores it does not reserve; in-process it uses every core.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     plan = runner.plan
     rounds = [
         [
@@ -236,11 +260,18 @@ def no_reuse(runner: Runner, config: str) -> dict[str, Any]:
     run = runner.run(
         config,
         [_gen(p, plan.noreuse_max_tokens) for p in rounds],
+        multiprocess=layout == "multi-process",
         num_gpu_blocks_override=runner.plan.engine_blocks * 4,
     )
     best = min(s["seconds"] for s in _generates(run)[1:])
     tokens = plan.noreuse_prompts * (plan.noreuse_tokens + plan.noreuse_max_tokens)
-    return {"config": config, "seconds": best, "throughput_tok_s": tokens / best}
+    return {
+        "config": config,
+        "layout": layout,
+        "pair": pair,
+        "seconds": best,
+        "throughput_tok_s": tokens / best,
+    }
 
 
 def _overhead_kv(kind: str, children: int, work: Path) -> dict[str, Any]:

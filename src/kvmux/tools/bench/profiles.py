@@ -32,6 +32,7 @@ class BenchPlan:
     chat_turns: int = 5  # workload (e): turns of each, the model's replies fed back
     chat_user_tokens: int = 100  # workload (e): tokens of each user turn (system prompt apart)
     chat_reply_tokens: int = 160  # workload (e): tokens of each reply
+    saving_pairs: int = 1  # workload (c): engine pairs (none, kvmux), order alternating
 
 
 QUICK = BenchPlan(
@@ -76,6 +77,7 @@ FULL = BenchPlan(
     noreuse_max_tokens=32,
     overhead_children=(1, 2, 4),
     store_entries=128,
+    saving_pairs=3,
     chat_conversations=2,
     chat_turns=5,
     chat_user_tokens=100,

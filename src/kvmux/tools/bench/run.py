@@ -14,6 +14,7 @@ from tqdm import tqdm
 from kvmux.tools.bench.bars import evaluate_bars
 from kvmux.tools.bench.configs import CONFIGS
 from kvmux.tools.bench.e2e import (
+    LAYOUTS,
     Runner,
     async_loads,
     long_prompts,
@@ -48,6 +49,23 @@ def _guarded(label: str, fn: Callable[[], Any]) -> Any:
 
 def _rows(value: Any) -> list[dict[str, Any]]:
     return value if isinstance(value, list) else [value]
+
+
+def _pairs(configs: list[str], plan: BenchPlan) -> list[tuple[int, str]]:
+    """(pair, config): ``configs`` once per saving pair, every other pair in reverse order."""
+    return [
+        (pair, config)
+        for pair in range(plan.saving_pairs)
+        for config in (configs if pair % 2 == 0 else configs[::-1])
+    ]
+
+
+def _workload(runner: Runner, name: str, config: str, variant: str) -> Callable[[], Any]:
+    """End-to-end workload ``name`` of ``config`` (no_reuse: ``layout/pair``), ready to call."""
+    if name == "no_reuse":
+        layout, _, pair = variant.partition("/")
+        return partial(no_reuse, runner, config, layout, int(pair))
+    return partial({"long_prompts": long_prompts, "reuse": reuse_workload}[name], runner, config)
 
 
 def run_bench(
@@ -89,12 +107,17 @@ def run_bench(
     runner = Runner(plan, model, workdir / "e2e", redis.url, pythons)
     try:
         work = [(name, c) for c in configs for name in ("long_prompts", "reuse")]
-        work += [("no_reuse", c) for c in ("none", "kvmux-mux-redis") if c in configs]
+        saving: list[str] = [c for c in ("none", "kvmux-mux-redis") if c in configs]
+        layouts = LAYOUTS[:1] if quick else LAYOUTS  # in-process: for comparison only
+        work += [
+            (f"no_reuse/{layout}/{pair}", c)
+            for layout in layouts
+            for pair, c in _pairs(saving, plan)
+        ]
         for name, config in tqdm(work, desc="end-to-end", unit="run"):
-            fn = {"long_prompts": long_prompts, "reuse": reuse_workload, "no_reuse": no_reuse}[name]
-            results.setdefault(name, []).extend(
-                _rows(_guarded(config, partial(fn, runner, config)))
-            )
+            name, _, variant = name.partition("/")
+            call = _workload(runner, name, config, variant)
+            results.setdefault(name, []).extend(_rows(_guarded(config, call)))
         results["overhead"] = _rows(_guarded("overhead", lambda: mux_overhead(runner, tqdm.write)))
         loading = _guarded("async_loads", lambda: async_loads(runner, tqdm.write, quick))
         results["async_loads"] = _rows(loading)
