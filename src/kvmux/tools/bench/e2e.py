@@ -29,6 +29,7 @@ __all__ = [
     "long_prompts",
     "mux_overhead",
     "no_reuse",
+    "noreuse_seed",
     "reuse_workload",
 ]
 
@@ -237,6 +238,14 @@ def reuse_workload(runner: Runner, config: str) -> dict[str, Any]:
 LAYOUTS = ("multi-process", "in-process")  # vLLM's default layout first: the bar's
 
 
+def noreuse_seed(layout: str, pair: int, round_: int, prompt: int) -> int:
+    """Seed of one workload (c) prompt: distinct for every layout, pair and round.
+
+    The Redis tier outlives an engine, so a prompt seen by an earlier pair would load.
+    """
+    return 100_000 * (1 + 10 * LAYOUTS.index(layout) + pair) + 100 * round_ + prompt
+
+
 def no_reuse(
     runner: Runner, config: str, layout: str = LAYOUTS[0], pair: int = 0
 ) -> dict[str, Any]:
@@ -252,7 +261,7 @@ def no_reuse(
     plan = runner.plan
     rounds = [
         [
-            runner.tokens(6000 + 100 * r + i, plan.noreuse_tokens)
+            runner.tokens(noreuse_seed(layout, pair, r, i), plan.noreuse_tokens)
             for i in range(plan.noreuse_prompts)
         ]
         for r in range(2)

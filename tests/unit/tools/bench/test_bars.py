@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from kvmux.tools.bench.bars import evaluate_bars, saving_costs
+from kvmux.tools.bench.e2e import LAYOUTS, noreuse_seed
 from kvmux.tools.bench.profiles import FULL
 from kvmux.tools.bench.run import _pairs
 
@@ -86,3 +87,15 @@ def test_saving_pairs_alternate_their_order() -> None:
         (2, "none"),
         (2, "kvmux"),
     ]
+
+
+def test_every_saving_run_sees_prompts_no_earlier_run_saved() -> None:
+    seeds = [
+        noreuse_seed(layout, pair, round_, prompt)
+        for layout in LAYOUTS
+        for pair in range(FULL.saving_pairs)
+        for round_ in range(2)
+        for prompt in range(FULL.noreuse_prompts)
+    ]
+    assert len(set(seeds)) == len(seeds)
+    assert min(seeds) > 10_000  # above every other workload's seeds
