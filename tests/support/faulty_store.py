@@ -42,11 +42,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kvmux.errors import StoreError, StoreUnavailable
-from kvmux.stores.base import KVStore, StoredEntry
+from kvmux.stores.base import KVStore, StoredEntry, ValueParts
 
 __all__ = ["FAULTS", "GROUPS", "FaultSpec", "FaultyStore", "read_record", "write_control"]
 
@@ -54,7 +55,7 @@ T = TypeVar("T")
 GROUPS = {  # store methods by group; used_bytes and close are never faulted
     "lookup": ("contains", "contains_many", "count_prefix", "generation", "walk"),
     "get": ("get", "get_many", "head", "head_many"),
-    "put": ("put", "put_many"),
+    "put": ("put", "put_many", "put_many_parts"),
     "delete": ("delete", "delete_many", "clear", "advance_generation"),
 }
 _ON = {
@@ -237,6 +238,11 @@ class FaultyStore(KVStore):
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
         """``inner.put_many``, unless a write fault hits."""
         return self._call("put", "put_many", len(items), lambda: self.inner.put_many(items))
+
+    def put_many_parts(self, items: Sequence[tuple[bytes, ValueParts]]) -> list[bool]:
+        """``inner.put_many_parts``, unless a write fault hits."""
+        run = partial(self.inner.put_many_parts, items)
+        return self._call("put", "put_many_parts", len(items), run)
 
     def get(self, key: bytes) -> bytes | None:
         """``inner.get``, then maybe spoiled."""
