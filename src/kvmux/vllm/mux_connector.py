@@ -116,6 +116,10 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self._stats_sources = [(c, g, self._child_paths[g.label]) for c, g in self._pairs]
         self._last_stats_log = time.monotonic()
         self._counters_due = 0.0  # when the mux's own counters are next reported
+        # requests the scheduler added and has not finished: when the last one finishes,
+        # the engine may idle, so the counters go out with that step (never below 0: a
+        # vLLM that does not call on_new_request reports at every finish)
+        self._live = 0
         prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         labels = ", ".join(g.label for g in self._guards)
         log.info("kvmux MuxConnector (%s, policy %s): %s", role.name, self.config.policy, labels)
@@ -247,6 +251,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def on_new_request(self, request: Request) -> None:
         """Tell every child about a new request (every child that listens: see BASE_NO_OPS)."""
+        self._live += 1
         for _, child, guard in self._callers["on_new_request"]:
             try:
                 child.on_new_request(request)
@@ -345,7 +350,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
             except Exception as exc:
                 guard.fail("request_finished", exc)
                 results.append(_NOT_FINISHED)
-        self._notices.pending = True  # counters go out with this step: the engine may idle
+        self._last_finished()
         return self._scheduler.finished(request.request_id, results)
 
     def request_finished_all_groups(
@@ -359,8 +364,15 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
             return c.request_finished(request, block_ids[0])  # type: ignore[no-any-return]
 
         results = self._each_call("request_finished_all_groups", finish, (False, None))
-        self._notices.pending = True  # counters go out with this step: the engine may idle
+        self._last_finished()
         return self._scheduler.finished(request.request_id, results)
+
+    def _last_finished(self) -> None:
+        """A request finished; with none left, the counters go out with this step."""
+        self._live -= 1
+        if self._live <= 0:
+            self._live = 0
+            self._notices.pending = True  # the engine may idle after this step
 
     def register_finished_partial_tail(
         self, request: Request, block_ids: Any, partial_tail_offloads: Any
@@ -566,7 +578,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
     def get_kv_connector_stats(self) -> MuxConnectorStats | None:
         """Each child's own stats object of this interval under its label, and the mux's
         counters of every child (at most every ``COUNTERS_SECONDS``, and at once after an
-        error or a breaker change)."""
+        error, a breaker change, or the finish of the last running request)."""
         stats: MuxConnectorStats | None = None
         for child, guard, path in self._stats_sources:
             try:

@@ -1329,6 +1329,31 @@ def test_a_finished_request_sends_the_counters_with_its_step(
     assert stats.counters()[A]["lookups"] == 1.0
 
 
+def test_counters_wait_for_their_interval_while_other_requests_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finish with requests still running is not the engine's last step: no report yet."""
+    monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
+    mux = make(SCHEDULER, child("a", offer=32), child("b"))
+    for name in ("r0", "r1", "r2"):
+        mux.on_new_request(request(name))
+    mux.get_num_new_matched_tokens(request("r0"), 0)
+    assert mux.get_kv_connector_stats() is not None  # the first report of the interval
+    mux.get_num_new_matched_tokens(request("r1"), 0)
+    mux.request_finished(request("r0"), BLOCK_IDS)
+    assert mux.get_kv_connector_stats() is None  # r1 and r2 still run: later
+    mux.request_finished(request("r1"), BLOCK_IDS)
+    assert mux.get_kv_connector_stats() is None
+    mux.request_finished(request("r2"), BLOCK_IDS)  # the last one: the engine may idle
+    stats = mux.get_kv_connector_stats()
+    assert stats is not None
+    assert stats.counters()[A]["lookups"] == 1.0
+    mux.on_new_request(request("r3"))  # counting starts again from none
+    mux.get_num_new_matched_tokens(request("r3"), 0)
+    mux.request_finished(request("r3"), BLOCK_IDS)
+    assert mux.get_kv_connector_stats() is not None
+
+
 def test_an_error_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
     mux = make(SCHEDULER, child("a", raise_in=["take_events"]), child("b"))
