@@ -331,6 +331,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = _instrument(llm)
         elif op == "hook_times":
             result = {"seconds": dict(_hook_seconds)}
+            if step.get("reset", False):  # the next hook_times counts from here
+                _hook_seconds.clear()
         elif op == "touch":
             result = _touch(step)
         elif op == "wait_file":

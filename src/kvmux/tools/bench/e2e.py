@@ -143,11 +143,18 @@ RESTART_SOURCES = {
 
 
 def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
-    """Workload (a): TTFT cold, warm in the same engine, and warm after a restart."""
+    """Workload (a): TTFT cold, warm in the same engine (the median of the plan's
+    ``warm_repeats``), and warm after a restart."""
     prompts = [runner.tokens(1000 + n, n) for n in runner.plan.lengths]
-    reset = [] if config == "vllm-prefix-cache" else [{"op": "reset_prefix_cache"}]
-    settle = {"op": "sleep", "seconds": SETTLE_SECONDS}
-    steps = [s for p in prompts for s in (_gen([p]), settle, *reset, _gen([p]))]
+    reset: list[dict[str, Any]] = []
+    if config != "vllm-prefix-cache":
+        reset.append({"op": "reset_prefix_cache"})
+    settle: dict[str, Any] = {"op": "sleep", "seconds": SETTLE_SECONDS}
+    repeats = runner.plan.warm_repeats
+    steps: list[dict[str, Any]] = []
+    for prompt in prompts:  # cold, then ``repeats`` times warm
+        repeat: list[dict[str, Any]] = [settle, *reset, _gen([prompt])]
+        steps += [_gen([prompt]), *repeat * repeats]
     first = _generates(runner.run(config, steps))[1:]
     rows = []
     restart = None
@@ -157,12 +164,14 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
         again_steps = [s for p in prompts for s in (settle, _gen([p]))]
         restart = _generates(runner.run(config, again_steps, fresh=False))
     for i, length in enumerate(runner.plan.lengths):
-        cold, warm = first[2 * i], first[2 * i + 1]
+        cold, *warms = first[(1 + repeats) * i : (1 + repeats) * (i + 1)]
+        warm = warms[0]
         row = {
             "config": config,
             "prompt_tokens": length,
             "ttft_cold_s": cold["seconds"],
-            "ttft_warm_s": warm["seconds"],
+            "ttft_warm_s": statistics.median(w["seconds"] for w in warms),
+            "ttft_warm_samples_s": [w["seconds"] for w in warms],
             "warm_cached_tokens": warm["num_cached_tokens"][0],
             "warm_source": _source(warm, cold["stats"])
             or (PEER_SOURCES.get(config, "-") if warm["num_cached_tokens"][0] else "-"),
@@ -308,41 +317,70 @@ def _overhead_kv(kind: str, children: int, work: Path) -> dict[str, Any]:
     }
 
 
-def mux_overhead(runner: Runner, progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Time per step that MuxConnector and vLLM's MultiConnector add over the same children."""
-    rows = []
+OVERHEAD_CHUNKS = 4  # samples per engine: each a batch of prompts decoded, hooks timed
+
+
+def _overhead_samples(runner: Runner, kind: str, children: int) -> list[dict[str, float]]:
+    """One engine of ``kind`` over ``children`` tiers: per batch, time added and the
+    children's own, per step and side."""
     prompts = [runner.tokens(7000 + i, 512) for i in range(8)]
+    chunk = [_gen(prompts, 32), {"op": "hook_times", "reset": True}]
+    job = {
+        "model": str(runner.model),
+        "engine": {
+            "dtype": runner.plan.dtype,
+            "max_model_len": 2048,
+            "enable_prefix_caching": False,
+        },
+        "kv": _overhead_kv(kind, children, runner.work),
+        "steps": [_gen([runner.tokens(1, 256)]), _gen(prompts, 32), {"op": "instrument"}]
+        + chunk * OVERHEAD_CHUNKS,
+    }
+    run = run_engine_job(job, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    samples = []
+    for step in run["steps"]:
+        if step["op"] != "hook_times":
+            continue
+        times = step["seconds"]
+        steps = max(1, int(times.get("scheduler/top/build_connector_meta/calls", 1)))
+        sample = {"steps": float(steps)}
+        for side in ("scheduler", "worker"):
+            top, inner = times.get(f"{side}/top", 0.0), times.get(f"{side}/children", 0.0)
+            sample[f"{side}_children_us_per_step"] = 1e6 * inner / steps
+            sample[f"{side}_added_us_per_step"] = 1e6 * (top - inner) / steps
+        samples.append(sample)
+    return samples
+
+
+def mux_overhead(runner: Runner, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Time per step that MuxConnector and vLLM's MultiConnector add over the same children.
+
+    Per children count, the plan's ``overhead_rounds`` engine pairs run in alternating
+    order, each engine timing ``OVERHEAD_CHUNKS`` batches; a row holds the medians over
+    every batch of its connector (a stray pause of the machine moves one batch only).
+    """
+    rows = []
+    kinds = ("mux", "multi")
     for children in runner.plan.overhead_children:
-        for kind in ("mux", "multi"):
-            progress(f"overhead {kind} x{children}")
-            job = {
-                "model": str(runner.model),
-                "engine": {
-                    "dtype": runner.plan.dtype,
-                    "max_model_len": 2048,
-                    "enable_prefix_caching": False,
-                },
-                "kv": _overhead_kv(kind, children, runner.work),
-                "steps": [
-                    _gen([runner.tokens(1, 256)]),
-                    {"op": "instrument"},
-                    _gen(prompts, 32),
-                    _gen(prompts, 32),
-                    {"op": "hook_times"},
-                ],
-            }
-            times = run_engine_job(job, env={"VLLM_CPU_KVCACHE_SPACE": "2"})["steps"][-1]["seconds"]
-            steps = max(1, int(times.get("scheduler/top/build_connector_meta/calls", 1)))
+        samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+        for r in range(runner.plan.overhead_rounds):
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                progress(f"overhead {kind} x{children} (round {r + 1})")
+                samples[kind] += _overhead_samples(runner, kind, children)
+        for kind in kinds:
+            found = samples[kind]
             row: dict[str, Any] = {
                 "connector": "MuxConnector" if kind == "mux" else "MultiConnector",
                 "children": children,
-                "steps": steps,
+                "steps": int(sum(s["steps"] for s in found)),
+                "samples": len(found),
             }
             for side in ("scheduler", "worker"):
-                top, inner = times.get(f"{side}/top", 0.0), times.get(f"{side}/children", 0.0)
-                row[f"{side}_children_us_per_step"] = 1e6 * inner / steps
-                row[f"{side}_added_us_per_step"] = 1e6 * (top - inner) / steps
-                row[f"{side}_added_ratio"] = (top - inner) / inner if inner else 0.0
+                for name in ("children", "added"):
+                    key = f"{side}_{name}_us_per_step"
+                    row[key] = statistics.median(s[key] for s in found)
+                inner, added = row[f"{side}_children_us_per_step"], row[f"{side}_added_us_per_step"]
+                row[f"{side}_added_ratio"] = added / inner if inner else 0.0
             rows.append(row)
     return rows
 

@@ -33,6 +33,8 @@ class BenchPlan:
     chat_user_tokens: int = 100  # workload (e): tokens of each user turn (system prompt apart)
     chat_reply_tokens: int = 160  # workload (e): tokens of each reply
     saving_pairs: int = 1  # workload (c): engine pairs (none, kvmux), order alternating
+    warm_repeats: int = 1  # workload (a): warm requests per prompt, their median reported
+    overhead_rounds: int = 1  # overhead: engine pairs (Mux, Multi) per children count
 
 
 QUICK = BenchPlan(
@@ -78,6 +80,8 @@ FULL = BenchPlan(
     overhead_children=(1, 2, 4),
     store_entries=128,
     saving_pairs=3,
+    warm_repeats=3,
+    overhead_rounds=2,
     chat_conversations=2,
     chat_turns=5,
     chat_user_tokens=100,
