@@ -209,8 +209,11 @@ def _timed(obj: Any, name: str, bucket: str) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            _hook_seconds[bucket] = _hook_seconds.get(bucket, 0.0) + time.perf_counter() - started
-            calls = f"{bucket}/{name}/calls"
+            elapsed = time.perf_counter() - started
+            _hook_seconds[bucket] = _hook_seconds.get(bucket, 0.0) + elapsed
+            per_hook = f"{bucket}/{name}"
+            _hook_seconds[per_hook] = _hook_seconds.get(per_hook, 0.0) + elapsed
+            calls = f"{per_hook}/calls"
             _hook_seconds[calls] = _hook_seconds.get(calls, 0) + 1
 
     setattr(obj, name, wrapper)
