@@ -25,7 +25,7 @@ from kvmux.stores.redis import RedisStore
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.slab_worker import SlabWorker
 from kvmux.tier.transfer import BlockMover
-from kvmux.tools.bench.redis_proc import RedisProcess
+from kvmux.tools.bench.redis_proc import POLICY, RedisProcess
 
 __all__ = ["run_store_bench"]
 
@@ -281,7 +281,13 @@ def _redis(b: _Bench, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, An
         _row("redis", "put", put, f"pipelined SET ({how})", raw_set),
         _row("redis", "get", get, f"pipelined GET ({how})", raw_get),
     ]
-    info = {"version": version, "maxmemory": maxmemory, "persistence": "off", "batch": BATCH}
+    info = {
+        "version": version,
+        "maxmemory": maxmemory,
+        "maxmemory_policy": POLICY,
+        "persistence": "off",
+        "batch": BATCH,
+    }
     return rows, info
 
 

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["RedisProcess"]
+__all__ = ["POLICY", "RedisProcess"]
 
 
 def _free_port() -> int:
@@ -17,12 +17,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# as the README asks of a Redis used as a cache: when full, old entries make room (with
+# Redis's default, noeviction, every write past maxmemory fails and later prompts miss)
+POLICY = "allkeys-lru"
+
+
 class RedisProcess:
     """One redis-server on a free loopback port; a context manager that stops it."""
 
-    def __init__(self, workdir: Path, maxmemory: int = 4 * 10**9):
+    def __init__(self, workdir: Path, maxmemory: int = 4 * 10**9, maxmemory_policy: str = POLICY):
         self.workdir = workdir
         self.maxmemory = maxmemory
+        self.maxmemory_policy = maxmemory_policy
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -37,6 +43,7 @@ class RedisProcess:
         argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port)]
         argv += ["--bind", "127.0.0.1", "--dir", str(self.workdir), "--protected-mode", "no"]
         argv += ["--save", "", "--appendonly", "no", "--maxmemory", str(self.maxmemory)]
+        argv += ["--maxmemory-policy", self.maxmemory_policy]
         with open(self.workdir / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
