@@ -64,6 +64,8 @@ def machine_info() -> dict[str, Any]:
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, list):  # samples of a figure: one cell
+        return ", ".join(_cell(v) for v in value)
     return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
 
 
@@ -73,12 +75,19 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [*lines, ""]
 
 
+def _is_cell(value: Any) -> bool:
+    """A scalar, or a list of scalars (a figure's samples)."""
+    if isinstance(value, list):
+        return all(isinstance(v, _SCALARS) for v in value)
+    return isinstance(value, _SCALARS)
+
+
 def _is_table(value: Any) -> bool:
     return (
         isinstance(value, list)
         and bool(value)
         and all(isinstance(row, dict) for row in value)
-        and all(isinstance(v, _SCALARS) for row in value for v in row.values())
+        and all(_is_cell(v) for row in value for v in row.values())
     )
 
 

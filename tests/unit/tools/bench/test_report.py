@@ -1,0 +1,24 @@
+"""results.md: every list of flat rows becomes a table, samples of a figure in one cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvmux.tools.bench.report import write_report
+
+
+def test_rows_with_samples_are_a_table_with_the_samples_in_one_cell(tmp_path: Path) -> None:
+    rows = [
+        {"config": "kvmux-memory", "ttft_warm_s": 0.2, "ttft_warm_samples_s": [0.3, 0.1, 0.2]},
+        {"config": "none", "ttft_warm_s": 1.5, "ttft_warm_samples_s": [1.5]},
+    ]
+    write_report({"machine": {"cpu": "x"}, "long_prompts": rows}, tmp_path)
+    report = (tmp_path / "results.md").read_text()
+    assert "## long_prompts" in report
+    assert "| kvmux-memory | 0.2 | 0.3, 0.1, 0.2 |" in report
+
+
+def test_rows_holding_nested_data_are_left_to_results_json(tmp_path: Path) -> None:
+    rows = [{"config": "a", "phases": {"local": [1.0]}}]
+    write_report({"machine": {"cpu": "x"}, "nested": rows}, tmp_path)
+    assert "## nested" not in (tmp_path / "results.md").read_text()
