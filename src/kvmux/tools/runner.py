@@ -203,6 +203,8 @@ _hook_seconds: dict[str, float] = {}
 
 def _timed(obj: Any, name: str, bucket: str) -> None:
     original = getattr(obj, name)
+    per_hook = f"{bucket}/{name}"  # the keys once here: the wrapper's own time is charged
+    calls = f"{per_hook}/calls"  # to the connector that calls it
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
@@ -211,9 +213,7 @@ def _timed(obj: Any, name: str, bucket: str) -> None:
         finally:
             elapsed = time.perf_counter() - started
             _hook_seconds[bucket] = _hook_seconds.get(bucket, 0.0) + elapsed
-            per_hook = f"{bucket}/{name}"
             _hook_seconds[per_hook] = _hook_seconds.get(per_hook, 0.0) + elapsed
-            calls = f"{per_hook}/calls"
             _hook_seconds[calls] = _hook_seconds.get(calls, 0) + 1
 
     setattr(obj, name, wrapper)

@@ -25,7 +25,7 @@ from kvmux.stores.redis import RedisStore
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.slab_worker import SlabWorker
 from kvmux.tier.transfer import BlockMover
-from kvmux.tools.bench.redis_proc import POLICY, RedisProcess
+from kvmux.tools.bench.redis_proc import RedisProcess
 
 __all__ = ["run_store_bench"]
 
@@ -284,7 +284,7 @@ def _redis(b: _Bench, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, An
     info = {
         "version": version,
         "maxmemory": maxmemory,
-        "maxmemory_policy": POLICY,
+        "maxmemory_policy": server.maxmemory_policy,
         "persistence": "off",
         "batch": BATCH,
     }
