@@ -5,7 +5,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-__all__ = ["evaluate_bars", "format_bars", "saving_costs"]
+from kvmux.tools.bench.saving import round_costs
+
+__all__ = ["evaluate_bars", "format_bars"]
 
 
 def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
@@ -27,21 +29,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _get(row: dict[str, Any] | None, key: str) -> float | None:
     return None if row is None else row.get(key)
-
-
-def saving_costs(rows: list[dict[str, Any]], config: str, layout: str) -> list[float]:
-    """1 - throughput(config) / throughput(none) of each engine pair run in ``layout``."""
-    throughput: dict[tuple[str, int], float] = {
-        (r["config"], r.get("pair", 0)): r["throughput_tok_s"]
-        for r in rows
-        if r.get("layout") == layout and "error" not in r
-    }
-    pairs = sorted({pair for _, pair in throughput})
-    return [
-        1 - throughput[config, pair] / throughput["none", pair]
-        for pair in pairs
-        if (config, pair) in throughput and ("none", pair) in throughput
-    ]
 
 
 def evaluate_bars(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -77,10 +64,10 @@ def evaluate_bars(results: dict[str, Any]) -> list[dict[str, Any]]:
         bars.append(_bar(name, row.get("ratio"), floor, "above"))
     noreuse = results.get("no_reuse", [])
     layout = "multi-process"  # vLLM's default: vllm serve's and LLM's
-    costs = saving_costs(noreuse, "kvmux-mux-redis", layout)
+    costs = round_costs(noreuse, "kvmux-mux-redis", layout)
     bars.append(
         _bar(
-            f"saving cost ({layout}, median of {len(costs)} engine pairs): "
+            f"saving cost ({layout}, median of {len(costs)} alternating rounds): "
             "1 - throughput(kvmux all tiers) / throughput(none)",
             statistics.median(costs) if costs else None,
             0.05,

@@ -1,5 +1,5 @@
-"""End-to-end workloads in vLLM: long prompts, multi-turn and RAG reuse, no reuse, overhead,
-and decoding latency while long prompts load from a slow tier."""
+"""End-to-end workloads in vLLM: long prompts, multi-turn and RAG reuse, overhead, and
+decoding latency while long prompts load from a slow tier (no reuse: ``saving.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from kvmux.tools.engine import run_engine_job
 from kvmux.tools.models import MODEL_SIZES
 
 __all__ = [
-    "LAYOUTS",
     "LoadingShape",
     "Runner",
     "async_loads",
@@ -28,8 +27,6 @@ __all__ = [
     "loads_while_decoding",
     "long_prompts",
     "mux_overhead",
-    "no_reuse",
-    "noreuse_seed",
     "reuse_workload",
 ]
 
@@ -242,54 +239,6 @@ def reuse_workload(runner: Runner, config: str) -> dict[str, Any]:
             gained = final[tier]["hit_tokens"] - first.get(tier, {}).get("hit_tokens", 0)
             row[f"hit_rate_{tier}"] = gained / prompt_tokens
     return row
-
-
-LAYOUTS = ("multi-process", "in-process")  # vLLM's default layout first: the bar's
-
-
-def noreuse_seed(layout: str, pair: int, round_: int, prompt: int) -> int:
-    """Seed of one workload (c) prompt: distinct for every layout, pair and round.
-
-    The Redis tier outlives an engine, so a prompt seen by an earlier pair would load.
-    """
-    return 100_000 * (1 + 10 * LAYOUTS.index(layout) + pair) + 100 * round_ + prompt
-
-
-def no_reuse(
-    runner: Runner, config: str, layout: str = LAYOUTS[0], pair: int = 0
-) -> dict[str, Any]:
-    """Workload (c): throughput of distinct prompts, best of two rounds, in one vLLM layout.
-
-    ``pair`` numbers the engine pair (none, kvmux) the run belongs to.
-
-    In the multi-process layout (vLLM's default, ``vllm serve``'s) the CPU backend binds
-    the forward pass to the cores it does not reserve; in-process it uses every core.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-    plan = runner.plan
-    rounds = [
-        [
-            runner.tokens(noreuse_seed(layout, pair, r, i), plan.noreuse_tokens)
-            for i in range(plan.noreuse_prompts)
-        ]
-        for r in range(2)
-    ]
-    run = runner.run(
-        config,
-        [_gen(p, plan.noreuse_max_tokens) for p in rounds],
-        multiprocess=layout == "multi-process",
-        num_gpu_blocks_override=runner.plan.engine_blocks * 4,
-    )
-    best = min(s["seconds"] for s in _generates(run)[1:])
-    tokens = plan.noreuse_prompts * (plan.noreuse_tokens + plan.noreuse_max_tokens)
-    return {
-        "config": config,
-        "layout": layout,
-        "pair": pair,
-        "seconds": best,
-        "throughput_tok_s": tokens / best,
-    }
 
 
 def _overhead_kv(kind: str, children: int, work: Path) -> dict[str, Any]:

@@ -32,7 +32,7 @@ class BenchPlan:
     chat_turns: int = 5  # workload (e): turns of each, the model's replies fed back
     chat_user_tokens: int = 100  # workload (e): tokens of each user turn (system prompt apart)
     chat_reply_tokens: int = 160  # workload (e): tokens of each reply
-    saving_pairs: int = 1  # workload (c): engine pairs (none, kvmux), order alternating
+    saving_rounds: int = 2  # workload (c): turns of each engine (none, kvmux), side by side
     warm_repeats: int = 1  # workload (a): warm requests per prompt, their median reported
     overhead_rounds: int = 1  # overhead: engine pairs (Mux, Multi) per children count
 
@@ -79,7 +79,7 @@ FULL = BenchPlan(
     noreuse_max_tokens=32,
     overhead_children=(1, 2, 4),
     store_entries=128,
-    saving_pairs=3,
+    saving_rounds=6,
     warm_repeats=3,
     overhead_rounds=2,
     chat_conversations=2,

@@ -13,21 +13,14 @@ from tqdm import tqdm
 
 from kvmux.tools.bench.bars import evaluate_bars
 from kvmux.tools.bench.configs import CONFIGS
-from kvmux.tools.bench.e2e import (
-    LAYOUTS,
-    Runner,
-    async_loads,
-    long_prompts,
-    mux_overhead,
-    no_reuse,
-    reuse_workload,
-)
+from kvmux.tools.bench.e2e import Runner, async_loads, long_prompts, mux_overhead, reuse_workload
 from kvmux.tools.bench.microbench import run_store_bench
 from kvmux.tools.bench.multi_turn import multi_turn
 from kvmux.tools.bench.peers import LMCacheServer
 from kvmux.tools.bench.profiles import FULL, QUICK, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
 from kvmux.tools.bench.report import machine_info, write_report
+from kvmux.tools.bench.saving import LAYOUTS, SAVING_CONFIGS, saving_rounds
 from kvmux.tools.models import build_random_llama
 
 __all__ = ["run_bench"]
@@ -51,20 +44,8 @@ def _rows(value: Any) -> list[dict[str, Any]]:
     return value if isinstance(value, list) else [value]
 
 
-def _pairs(configs: list[str], plan: BenchPlan) -> list[tuple[int, str]]:
-    """(pair, config): ``configs`` once per saving pair, every other pair in reverse order."""
-    return [
-        (pair, config)
-        for pair in range(plan.saving_pairs)
-        for config in (configs if pair % 2 == 0 else configs[::-1])
-    ]
-
-
-def _workload(runner: Runner, name: str, config: str, variant: str) -> Callable[[], Any]:
-    """End-to-end workload ``name`` of ``config`` (no_reuse: ``layout/pair``), ready to call."""
-    if name == "no_reuse":
-        layout, _, pair = variant.partition("/")
-        return partial(no_reuse, runner, config, layout, int(pair))
+def _workload(runner: Runner, name: str, config: str) -> Callable[[], Any]:
+    """End-to-end workload ``name`` of ``config``, ready to call."""
     return partial({"long_prompts": long_prompts, "reuse": reuse_workload}[name], runner, config)
 
 
@@ -107,17 +88,14 @@ def run_bench(
     runner = Runner(plan, model, workdir / "e2e", redis.url, pythons)
     try:
         work = [(name, c) for c in configs for name in ("long_prompts", "reuse")]
-        saving: list[str] = [c for c in ("none", "kvmux-mux-redis") if c in configs]
-        layouts = LAYOUTS[:1] if quick else LAYOUTS  # in-process: for comparison only
-        work += [
-            (f"no_reuse/{layout}/{pair}", c)
-            for layout in layouts
-            for pair, c in _pairs(saving, plan)
-        ]
         for name, config in tqdm(work, desc="end-to-end", unit="run"):
-            name, _, variant = name.partition("/")
-            call = _workload(runner, name, config, variant)
+            call = _workload(runner, name, config)
             results.setdefault(name, []).extend(_rows(_guarded(config, call)))
+        if set(SAVING_CONFIGS) <= set(configs):
+            for layout in LAYOUTS[:1] if quick else LAYOUTS:  # in-process: for comparison
+                saving = partial(saving_rounds, runner, layout, plan.saving_rounds)
+                rows = _rows(_guarded(f"no_reuse {layout}", saving))
+                results.setdefault("no_reuse", []).extend(rows)
         results["overhead"] = _rows(_guarded("overhead", lambda: mux_overhead(runner, tqdm.write)))
         loading = _guarded("async_loads", lambda: async_loads(runner, tqdm.write, quick))
         results["async_loads"] = _rows(loading)
