@@ -9,7 +9,9 @@ every ``gap_steps`` engine steps:
 - ``local``: the long prompts hit the engine's own prefix cache: nothing loads;
 - ``tier``: after ``reset_prefix_cache`` they hit only the tier: every one loads.
 
-Alternating the phases spreads whatever else the machine does over both.
+Alternating the phases spreads whatever else the machine does over both. The engine
+runs in the layout the job names (``multiprocess``: vLLM's default, ``vllm serve``'s);
+the tier's writes are waited for by watching the store itself.
 
 Each long prompt is whole blocks plus one token and asks for one token, so both phases
 compute exactly the same; what differs is the load. The result holds each decoding
@@ -19,6 +21,7 @@ request's token times and each long prompt's arrival, first token and cached tok
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvmux.tools.runner import job_main, make_llm
@@ -80,18 +83,26 @@ def _phase(engine: Any, job: dict[str, Any], decoders: list[list[int]], tag: str
     }
 
 
-def _writes_settled(timeout: float = 120.0, quiet: float = 1.0) -> float:
-    """Wait until the tier's writer has written nothing new for ``quiet`` seconds."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
+def _stored_entries(job: dict[str, Any]) -> Callable[[], int]:
+    """How many entries the job's tier holds now: read from the store itself, so it works
+    whichever process the worker runs in."""
+    from kvmux.config import parse_store_spec
+    from kvmux.stores.factory import open_store
 
-    stats = getattr(get_kv_transfer_group(), "stats")  # noqa: B009  the worker half, here
+    store = open_store(parse_store_spec(job["kv"]["kv_connector_extra_config"]["store"]), False)
+    return lambda: sum(1 for _ in store.walk())
+
+
+def _writes_settled(count: Callable[[], int], timeout: float = 120.0, quiet: float = 1.5) -> float:
+    """Wait until the tier holds entries and ``count`` has not changed for ``quiet`` s."""
     started = last_change = time.monotonic()
     seen = -1
-    while time.monotonic() - last_change < quiet and time.monotonic() - started < timeout:
-        counts = stats.snapshot()
-        written = counts["saved_blocks"] + counts["save_errors"] + counts["dropped_saves"]
-        if written != seen:
-            seen, last_change = written, time.monotonic()
+    while time.monotonic() - started < timeout:
+        now, held = time.monotonic(), count()
+        if held != seen:
+            seen, last_change = held, now
+        elif held and now - last_change >= quiet:
+            break
         time.sleep(0.1)
     return time.monotonic() - started
 
@@ -105,7 +116,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     prompts = [_prompt(p) for p in job["long_prompts"]]
     llm.generate(prompts, _params(1), use_tqdm=False)  # computed once: the tier saves them
     computed = time.perf_counter() - started
-    waited = _writes_settled()
+    waited = _writes_settled(_stored_entries(job))
     phases: dict[str, list[dict[str, Any]]] = {"local": [], "tier": []}
     decoders = iter(job["decoders"])
     for round_ in range(job.get("rounds", 1)):

@@ -472,6 +472,7 @@ def loads_while_decoding(
         "gap_steps": shape.gap_steps,
         "rounds": shape.rounds,
         "decode_tokens": shape.loaders * shape.gap_steps + 64,  # decoding past the last load
+        "multiprocess": True,  # vLLM's default layout: the loader threads off the forward pass
     }
     env = dict(ENGINE_ENV)
     result = run_engine_job(job, env=env, module=DECODE_JOB, timeout=3600)

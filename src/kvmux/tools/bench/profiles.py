@@ -34,6 +34,7 @@ class BenchPlan:
     chat_reply_tokens: int = 160  # workload (e): tokens of each reply
     saving_rounds: int = 2  # workload (c): turns of each engine (none, kvmux), side by side
     warm_repeats: int = 1  # workload (a): warm requests per prompt, their median reported
+    warm_rounds: int = 2  # warm TTFT side by side (the bar): turns of each engine
     overhead_rounds: int = 1  # overhead: engine pairs (Mux, Multi) per children count
 
 
@@ -81,6 +82,7 @@ FULL = BenchPlan(
     store_entries=128,
     saving_rounds=6,
     warm_repeats=3,
+    warm_rounds=7,
     overhead_rounds=2,
     chat_conversations=2,
     chat_turns=5,

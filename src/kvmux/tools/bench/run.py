@@ -21,6 +21,7 @@ from kvmux.tools.bench.profiles import FULL, QUICK, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
 from kvmux.tools.bench.report import machine_info, write_report
 from kvmux.tools.bench.saving import LAYOUTS, SAVING_CONFIGS, saving_rounds
+from kvmux.tools.bench.warm import WARM_CONFIGS, warm_rounds
 from kvmux.tools.models import build_random_llama
 
 __all__ = ["run_bench"]
@@ -91,6 +92,9 @@ def run_bench(
         for name, config in tqdm(work, desc="end-to-end", unit="run"):
             call = _workload(runner, name, config)
             results.setdefault(name, []).extend(_rows(_guarded(config, call)))
+        if set(WARM_CONFIGS) <= set(configs):
+            warm = partial(warm_rounds, runner, plan.warm_rounds)
+            results["warm_ttft"] = _rows(_guarded("warm_ttft", warm))
         if set(SAVING_CONFIGS) <= set(configs):
             for layout in LAYOUTS[:1] if quick else LAYOUTS:  # in-process: for comparison
                 saving = partial(saving_rounds, runner, layout, plan.saving_rounds)

@@ -5,20 +5,25 @@ from __future__ import annotations
 from kvmux.tools.bench.bars import evaluate_bars
 
 
-def _long(config: str, tokens: int, warm: float) -> dict[str, object]:
-    return {"config": config, "prompt_tokens": tokens, "ttft_warm_s": warm, "ttft_cold_s": 1.0}
+def _warm(config: str, tokens: int, round_: int, ttft: float) -> dict[str, object]:
+    return {"config": config, "prompt_tokens": tokens, "round": round_, "ttft_s": ttft}
 
 
 def test_memory_warm_ttft_is_held_to_1_1x_the_prefix_cache_at_4k_and_8k() -> None:
     rows = [
-        _long("kvmux-memory", 4096, 0.105),
-        _long("vllm-prefix-cache", 4096, 0.100),
-        _long("kvmux-memory", 8192, 0.240),
-        _long("vllm-prefix-cache", 8192, 0.200),
+        _warm(config, tokens, round_, ttft)
+        for round_, slow in enumerate((1.0, 1.0, 3.0))  # round 2: kvmux hit a slow spell
+        for config, tokens, ttft in (
+            ("kvmux-memory", 4096, 0.105 * slow),
+            ("vllm-prefix-cache", 4096, 0.100),
+            ("kvmux-memory", 8192, 0.240),
+            ("vllm-prefix-cache", 8192, 0.200),
+        )
     ]
-    bars = {b["bar"]: b for b in evaluate_bars({"long_prompts": rows})}
-    at_4k = bars["memory warm TTFT / vLLM prefix-cache warm TTFT (4096 tokens)"]
-    at_8k = bars["memory warm TTFT / vLLM prefix-cache warm TTFT (8192 tokens)"]
+    bars = {b["bar"]: b for b in evaluate_bars({"warm_ttft": rows})}
+    name = "memory warm TTFT / vLLM prefix-cache warm TTFT ({} tokens, side by side, "
+    name += "median of 3 rounds)"
+    at_4k, at_8k = bars[name.format(4096)], bars[name.format(8192)]
     assert (at_4k["measured"], at_4k["limit"], at_4k["met"]) == (1.05, 1.1, True)
     assert (at_8k["measured"], at_8k["limit"], at_8k["met"]) == (1.2, 1.1, False)
     assert not any("ExampleConnector" in name for name in bars)  # the replaced bar

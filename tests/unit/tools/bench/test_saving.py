@@ -2,62 +2,18 @@
 
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvmux.tools.bench import saving
 from kvmux.tools.bench.bars import evaluate_bars
-from kvmux.tools.bench.profiles import FULL, QUICK
-from kvmux.tools.bench.saving import (
-    LAYOUTS,
-    WARM_ROUND,
-    noreuse_seed,
-    round_costs,
-    saving_rounds,
-    turn_order,
-)
+from kvmux.tools.bench.profiles import FULL
+from kvmux.tools.bench.saving import LAYOUTS, WARM_ROUND, noreuse_seed, round_costs, saving_rounds
+from kvmux.tools.bench.turns import turn_order
+from tests.support.turn_runner import TurnTakingRunner
 
-
-class TurnTakingRunner:
-    """Plays each engine's script for real (files touched and waited for), in threads.
-
-    A generate answers ``seconds[config]``; ``log`` records who generated in what order.
-    """
-
-    def __init__(self, seconds: dict[str, float], fail: str | None = None):
-        self.plan = replace(QUICK, noreuse_prompts=2, noreuse_tokens=4, noreuse_max_tokens=1)
-        self.seconds = seconds
-        self.fail = fail
-        self.log: list[tuple[str, list[list[int]]]] = []
-        self.lock = threading.Lock()
-
-    def tokens(self, seed: int, count: int) -> list[int]:
-        return [seed] * count
-
-    def run(self, config: str, steps: list[dict[str, Any]], **_: Any) -> dict[str, Any]:
-        if config == self.fail:
-            raise RuntimeError("engine job exited with 1: boom")
-        done: list[dict[str, Any]] = [{"op": "generate", "seconds": 9.0}]  # the warm-up
-        for step in steps:
-            if step["op"] == "wait_file":
-                deadline = time.monotonic() + 10
-                while not Path(step["path"]).exists():
-                    assert time.monotonic() < deadline, f"{config} waited in vain"
-                    time.sleep(0.005)
-            elif step["op"] == "touch":
-                Path(step["path"]).touch()
-            elif step["op"] == "generate":
-                with self.lock:
-                    self.log.append((config, step["prompts"]))
-                done.append({"op": "generate", "seconds": self.seconds[config]})
-                continue
-            done.append({"op": step["op"]})
-        return {"steps": done}
+SMALL: dict[str, Any] = {"noreuse_prompts": 2, "noreuse_tokens": 4, "noreuse_max_tokens": 1}
 
 
 @pytest.fixture(autouse=True)
@@ -65,23 +21,13 @@ def no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(saving, "PAUSE_S", 0.0)
 
 
-def test_turns_alternate_which_engine_goes_first() -> None:
-    assert turn_order(3, ("a", "b")) == [
-        ("a", 0),
-        ("b", 0),
-        ("b", 1),
-        ("a", 1),
-        ("a", 2),
-        ("b", 2),
-    ]
-
-
 def test_engines_take_their_turns_one_after_the_other() -> None:
-    runner = TurnTakingRunner({"none": 2.0, "kvmux-mux-redis": 2.5})
-    rows = saving_rounds(runner, "multi-process", 4)  # type: ignore[arg-type]
+    runner = TurnTakingRunner({"none": 2.0, "kvmux-mux-redis": 2.5}, **SMALL)
+    rows = saving_rounds(runner, "multi-process", 4)
     measured = [(c, p[0][0]) for c, p in runner.log if p[0][0] // 100 % 1000 != WARM_ROUND]
     expected = [
-        (config, noreuse_seed("multi-process", round_, 0)) for config, round_ in turn_order(4)
+        (config, noreuse_seed("multi-process", round_, 0))
+        for config, round_ in turn_order(4, saving.SAVING_CONFIGS)
     ]
     assert measured == expected
     assert [(r["config"], r["round"]) for r in rows] == [
@@ -93,8 +39,8 @@ def test_engines_take_their_turns_one_after_the_other() -> None:
 
 
 def test_a_failing_engine_is_an_error_row_and_the_other_does_not_wait_for_it() -> None:
-    runner = TurnTakingRunner({"none": 1.0}, fail="kvmux-mux-redis")
-    rows = saving_rounds(runner, "in-process", 3)  # type: ignore[arg-type]
+    runner = TurnTakingRunner({"none": 1.0}, fail="kvmux-mux-redis", **SMALL)
+    rows = saving_rounds(runner, "in-process", 3)
     errors = [r for r in rows if "error" in r]
     assert [(r["config"], r["layout"]) for r in errors] == [("kvmux-mux-redis", "in-process")]
     assert "boom" in errors[0]["error"]
@@ -141,4 +87,4 @@ def test_every_saving_round_sees_prompts_no_earlier_round_saved() -> None:
 
 def test_an_unknown_layout_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown layout 'x'"):
-        saving_rounds(TurnTakingRunner({}), "x", 2)  # type: ignore[arg-type]
+        saving_rounds(TurnTakingRunner({}), "x", 2)
