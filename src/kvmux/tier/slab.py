@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 
 from kvmux.tier.transfer import BlockMover
 
-__all__ = ["HostSlab", "SlotRun", "slot_runs"]
+__all__ = ["HostLayer", "HostSlab", "SlotRun", "copy_slots_in", "slot_runs"]
 
 _WIDE = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)
 ROW_ALIGN = 16  # bytes: every layer's row in a slot starts at a multiple of this
@@ -65,6 +66,32 @@ def _wide(tensor: torch.Tensor, block_dim: int) -> torch.Tensor:
         if aligned and all(stride % size == 0 for stride in raw.stride()[:-1]):
             return raw.view(dtype)
     return raw
+
+
+_SAME_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
+
+
+def _as_array(tensor: torch.Tensor) -> numpy.ndarray:
+    """The tensor's memory as a NumPy array of an element of the same size (no copy)."""
+    return tensor.view(_SAME_SIZE[tensor.element_size()]).numpy()
+
+
+@dataclass(frozen=True)
+class HostLayer:
+    """One layer's KV cache blocks and slots as arrays, block first (host memory only)."""
+
+    kv: numpy.ndarray
+    slab: numpy.ndarray
+
+
+def copy_slots_in(layer: HostLayer, block_ids: Sequence[int], slots: Sequence[int]) -> None:
+    """Copy ``slots`` into blocks ``block_ids`` of one layer, on the calling thread alone.
+
+    One NumPy copy per block, which releases the GIL: torch's scatter would split into
+    OpenMP tasks that wait for the forward pass's busy cores.
+    """
+    for block_id, slot in zip(block_ids, slots, strict=True):
+        numpy.copyto(layer.kv[block_id], layer.slab[slot])
 
 
 def _round_up(size: int) -> int:
@@ -114,6 +141,19 @@ class HostSlab:
             rows = arena[:, : spec.nbytes].view(kv.dtype)
             layers.append(_Layer(kv, dim, rows.view(self.slots, *block_shape)))
         return layers
+
+    @property
+    def groups(self) -> int:
+        """How many KV cache groups the slab holds blocks of."""
+        return len(self._groups)
+
+    def host_layers(self, group: int) -> list[HostLayer]:
+        """The group's layers as arrays, in order, for ``copy_slots_in`` (host memory)."""
+        assert not self._on_gpu, "a KV cache on a GPU is copied with torch, on streams"
+        return [
+            HostLayer(_as_array(layer.kv.movedim(layer.dim, 0)), _as_array(layer.slab))
+            for layer in self._groups[group]
+        ]
 
     def block_bytes(self, group: int) -> int:
         """Bytes of one block of ``group``'s layers."""

@@ -11,15 +11,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
 from kvmux.errors import ConfigError
 from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
+from kvmux.tier.layered import LayerCopies
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
-from kvmux.tier.slab import HostSlab
+from kvmux.tier.slab import HostLayer, HostSlab, copy_slots_in
+from kvmux.tier.threads import has_spare_core
 from kvmux.tier.transfer import CopyStream, group_movers
 from kvmux.tier.worker_base import WorkerBase
 
@@ -31,10 +34,20 @@ log = logging.getLogger(__name__)
 class SlabWorker(WorkerBase):
     """Moves blocks between preallocated host slots and the engine's KV cache for one rank."""
 
-    def __init__(self, name: str, slots: int, rank: int, stats: TierStats):
+    def __init__(
+        self, name: str, slots: int, rank: int, stats: TierStats, by_layer: bool | None = None
+    ):
         super().__init__(name, rank, stats)
         self._slots = slots
         self._slab: HostSlab | None = None
+        # synchronous loads copied layer by layer beside the forward pass (``layered.py``);
+        # None: decided at the first load, where a spare core can run the copies
+        self._by_layer = by_layer
+        self._layer_copies: LayerCopies | None = None
+        self._layer_order: list[tuple[str, int, int]] = []  # (name, group, position)
+        self._host_layers: list[list[HostLayer]] = []  # per group, per layer
+        self._copying: list[BlockTransfer] = []  # what the step's layer copies load
+        self._copy_started = 0.0
         # guarded by _lock (asynchronous loads run on loader threads):
         self._slot_of: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
         self._tags: list[BlockKey | None] = []  # the key each slot holds
@@ -53,6 +66,7 @@ class SlabWorker(WorkerBase):
     ) -> None:
         """Adopt the engine's KV cache tensors and allocate the slots (see ``WorkerBase``)."""
         movers = group_movers(kv_caches, num_blocks, groups)
+        self._layer_order = _layer_order(list(kv_caches), groups)
         try:
             slab = HostSlab(movers, self._slots)
         except RuntimeError as exc:  # e.g. more pinned memory than the host can lock
@@ -118,6 +132,106 @@ class SlabWorker(WorkerBase):
         )
         return landed
 
+    def load(self, loads: Sequence[BlockTransfer]) -> None:
+        """Copy the planned blocks in: layer by layer beside the forward pass where a
+        spare core can (``wait_layer`` before each layer), else all before it."""
+        self.finish_layers()  # a step whose end was not seen
+        if not self._copies_by_layer():
+            super().load(loads)
+            return
+        self._failed_this_step = set()  # a new step: what failed before is settled
+        if loads and self._slab is not None:
+            self._start_layer_copies(loads)
+
+    def _copies_by_layer(self) -> bool:
+        if self._by_layer is None and self._slab is not None:
+            self._by_layer = self._slab.device.type == "cpu" and has_spare_core()
+            how = "layer by layer on a spare core" if self._by_layer else "before the forward pass"
+            log.info("kvmux tier %s: loads are copied %s", self.name, how)
+        if self._by_layer and self._layer_copies is None and self._slab is not None:
+            self._host_layers = [self._slab.host_layers(g) for g in range(self._slab.groups)]
+            self._layer_copies = LayerCopies(self.name)
+        return bool(self._by_layer) and self._layer_copies is not None
+
+    def _start_layer_copies(self, loads: Sequence[BlockTransfer]) -> None:
+        """Find each block's slot now; copy them in on the helper thread, layer by layer."""
+        assert self._layer_copies is not None
+        started = time.perf_counter()
+        batches: dict[int, tuple[list[int], list[int]]] = {}  # group -> block ids, slots
+        held = [False] * len(loads)
+        with self._lock:
+            for group, rows in self._by_group(loads).items():
+                for row in rows:
+                    slot = self._held(loads[row])
+                    if slot is not None:
+                        held[row] = True
+                        blocks, slots = batches.setdefault(group, ([], []))
+                        blocks.append(loads[row].block_id)
+                        slots.append(slot)
+        missed = [t for t, ok in zip(loads, held, strict=True) if not ok]
+        if missed:
+            self._fail_loads(missed)
+        self._copying = [t for t, ok in zip(loads, held, strict=True) if ok]
+        if not self._copying:
+            return
+        copies: list[tuple[str, Callable[[], None]]] = [
+            (name, partial(copy_slots_in, self._host_layers[group][position], *batches[group]))
+            for name, group, position in self._layer_order
+            if group in batches
+        ]
+        self._copy_started = started
+        self._layer_copies.start(copies)
+
+    def wait_layer(self, layer_name: str) -> None:
+        """Return once ``layer_name``'s blocks of this step's load are in."""
+        if self._layer_copies is not None:
+            self._layer_copies.wait(layer_name)
+
+    def finish_layers(self) -> None:
+        """Wait for this step's layer copies; count them, or turn them into load errors."""
+        if self._layer_copies is None or not self._layer_copies.active:
+            return
+        outcome = self._layer_copies.finish()
+        copied, self._copying = self._copying, []
+        if outcome.failed is None and not outcome.unwaited:
+            assert self._slab is not None
+            self._stats.add(
+                loaded_blocks=len(copied),
+                bytes_loaded=sum(self._slab.block_bytes(t.group) for t in copied),
+                load_seconds=time.perf_counter() - self._copy_started,
+            )
+            return
+        if outcome.unwaited:  # the forward pass may have read them first: recomputed
+            self._by_layer = False
+            self._warn_once(
+                "unwaited",
+                "kvmux tier %s: layers %s were never waited for; their blocks are recomputed "
+                "and loads are copied before the forward pass from now on",
+                self.name,
+                ", ".join(outcome.unwaited[:4]),
+            )
+        if outcome.failed is not None:  # slots freed, the index forgets them
+            with self._lock:
+                for transfer in copied:
+                    self._evict(transfer.key)
+            self._stats.add(store_errors=1)
+            self._warn_once("copy", "kvmux tier %s: copy-in failed: %r", self.name, outcome.failed)
+        self._fail_loads(copied, forget=outcome.failed is not None)
+
+    def _fail_loads(self, transfers: Sequence[BlockTransfer], forget: bool = True) -> None:
+        """Blocks this step's load promised and did not deliver: load errors (recomputed)."""
+        failed = {t.block_id for t in transfers}
+        self._load_errors |= failed
+        self._failed_this_step |= failed
+        if forget:
+            self._report_missing(t.key for t in transfers)
+        self._stats.add(load_errors=len(transfers))
+
+    def take_load_errors(self) -> set[int]:
+        """Block ids that failed to load since the last call (this step's copies ended)."""
+        self.finish_layers()
+        return super().take_load_errors()
+
     def _held(self, transfer: BlockTransfer) -> int | None:
         """The slot holding the transfer's key (now most recently used); None: not held."""
         slot = self._slot_of.get(transfer.key)
@@ -141,6 +255,7 @@ class SlabWorker(WorkerBase):
 
     def save(self, plan: TierStepPlan) -> None:
         """Evict the planned keys, then copy the planned blocks into free slots."""
+        self.finish_layers()  # a slot a layer copy reads may be reused below
         saves = self._untainted(plan)
         slab = self._slab
         if slab is None or not (saves or plan.evictions):
@@ -213,14 +328,35 @@ class SlabWorker(WorkerBase):
 
     def clear(self) -> None:
         """Forget every block (the slots stay allocated)."""
+        self.finish_layers()
         with self._lock:
             for key in list(self._slot_of):
                 self._evict(key)
 
     def close(self) -> None:
         """Stop loads and release the slots."""
+        if self._layer_copies is not None:
+            self.finish_layers()
+            self._layer_copies.close()
         super().close()
         with self._lock:
             self._slab = None
             self._slot_of.clear()
             self._free.clear()
+
+
+def _layer_order(
+    names: list[str], groups: Sequence[Sequence[str]] | None
+) -> list[tuple[str, int, int]]:
+    """Each layer as (name, group, position in its group), in the order of ``names``."""
+    if groups is None:
+        return [(name, 0, position) for position, name in enumerate(names)]
+    group_of = {name: g for g, members in enumerate(groups) for name in members}
+    seen = [0] * len(groups)
+    order = []
+    for name in names:
+        if name in group_of:
+            group = group_of[name]
+            order.append((name, group, seen[group]))
+            seen[group] += 1
+    return order

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-__all__ = ["HELPER_NICE", "in_background", "spare_cores"]
+__all__ = ["HELPER_NICE", "has_spare_core", "in_background", "spare_cores"]
 
 log = logging.getLogger(__name__)
 HELPER_NICE = 10  # helper threads' CPU priority (Linux): the forward pass's threads come first
@@ -28,6 +28,21 @@ def spare_cores(own: set[int], allowed: set[int]) -> set[int]:
     """The cores of ``allowed`` outside ``own``; ``own`` itself if none are."""
     spare = allowed - own
     return spare or own
+
+
+def has_spare_core() -> bool:
+    """Whether a helper thread started now would run off the calling thread's cores.
+
+    True where vLLM bound the forward pass to some cores and left others (its
+    multi-process layout on a CPU); False in-process, off Linux, or if unknown.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        own = os.sched_getaffinity(0)
+        return spare_cores(own, os.sched_getaffinity(os.getppid())) != own
+    except OSError:
+        return False
 
 
 def in_background() -> None:

@@ -102,6 +102,14 @@ class WorkerBase(ABC):
         self._load_errors |= failed
         self._failed_this_step |= failed
 
+    def wait_layer(self, layer_name: str) -> None:
+        """Return once ``layer_name``'s loaded blocks are in (``load`` copies them all)."""
+        return
+
+    def finish_layers(self) -> None:
+        """Settle this step's loads that were copied layer by layer (none here)."""
+        return
+
     @property
     @abstractmethod
     def registered(self) -> bool:

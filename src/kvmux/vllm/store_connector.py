@@ -113,7 +113,9 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     """
 
     kvmux_offset_loads = True  # can load a range that starts past the computed tokens
-    kvmux_layer_hooks = False  # wait_for_layer_load and save_kv_layer do nothing: skip them
+    # whether wait_for_layer_load does anything (the memory tier's worker half may copy
+    # loads layer by layer); save_kv_layer never does
+    kvmux_layer_hooks = False
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -163,6 +165,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/slab.py
             slots = spec.capacity // slab_slot_bytes(kv_cache_config)
             self._worker = self.open_slab_worker(spec, slots)
+            self.kvmux_layer_hooks = True  # loads may be copied layer by layer
         else:
             self._worker = TierWorker(
                 self.open_store(spec),
@@ -311,7 +314,10 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.start_loads(plan.async_loads, plan.idle)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Synchronous loads finish in ``start_load_kv``; nothing to wait for."""
+        """Wait for the layer's share of this step's load (the memory tier may copy loads
+        layer by layer beside the forward pass; other tiers copy them in ``start_load_kv``)."""
+        if self._worker is not None:
+            self._worker.wait_layer(layer_name)
 
     def save_kv_layer(
         self,
@@ -323,9 +329,12 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         """Blocks are copied out once per step in ``wait_for_save``."""
 
     def wait_for_save(self) -> None:
-        """Copy this step's full blocks out; the writer thread stores them."""
+        """Settle this step's layer copies; copy its full blocks out (stored off the path)."""
+        if self._worker is None:
+            return
+        self._worker.finish_layers()
         plan = self._plan()
-        if plan is not None and self._worker is not None:
+        if plan is not None:
             self._worker.save(plan)
 
     def kvmux_drop_saves_over(self, block_ids: set[int]) -> None:

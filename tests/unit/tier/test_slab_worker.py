@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from kvmux.keys import BlockKey, block_keys, namespace_id  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
+from kvmux.tier import slab_worker  # noqa: E402
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
 from kvmux.tier.slab import HostSlab  # noqa: E402
 from kvmux.tier.slab_worker import SlabWorker  # noqa: E402
@@ -30,19 +31,35 @@ def _caches(random: bool) -> dict[str, torch.Tensor]:
     return {f"layer.{i}": torch.zeros(shape) for i in range(2)}
 
 
-@pytest.fixture
-def workers() -> Iterator[list[SlabWorker]]:
-    made: list[SlabWorker] = []
+class _Made(list[SlabWorker]):
+    """The workers a test made, and whether they copy loads layer by layer."""
+
+    def __init__(self, by_layer: bool):
+        super().__init__()
+        self.by_layer = by_layer
+
+
+@pytest.fixture(params=[False, True], ids=["whole", "by-layer"])
+def workers(request: pytest.FixtureRequest) -> Iterator[_Made]:
+    made = _Made(request.param)
     yield made
     for worker in made:
         worker.close()
 
 
 def _worker(made: list[SlabWorker], caches: dict[str, Any], slots: int = 4) -> SlabWorker:
-    worker = SlabWorker("memory", slots, 0, TierStats())
+    by_layer = made.by_layer if isinstance(made, _Made) else False
+    worker = SlabWorker("memory", slots, 0, TierStats(), by_layer=by_layer)
     worker.register(caches, NUM_BLOCKS)
     made.append(worker)
     return worker
+
+
+def _load(worker: SlabWorker, loads: list[BlockTransfer]) -> None:
+    """A step's load as the forward pass sees it: each layer waited for before it runs."""
+    worker.load(loads)
+    for layer in ("layer.0", "layer.1"):
+        worker.wait_layer(layer)
 
 
 def _save(worker: SlabWorker, *pairs: tuple[BlockKey, int], evict: Sequence[BlockKey] = ()) -> None:
@@ -60,7 +77,7 @@ def test_save_then_load_into_other_blocks(workers: list[SlabWorker]) -> None:
     original = {name: t.clone() for name, t in caches.items()}
     worker = _worker(workers, caches)
     _save(worker, (KEYS[0], 1), (KEYS[1], 3))
-    worker.load([BlockTransfer(KEYS[0], 6), BlockTransfer(KEYS[1], 7)])
+    _load(worker, [BlockTransfer(KEYS[0], 6), BlockTransfer(KEYS[1], 7)])
     assert worker.take_load_errors() == set() and worker.take_missing() == set()
     assert _same(caches, 6, original, 1) and _same(caches, 7, original, 3)
     stats = worker._stats
@@ -72,7 +89,7 @@ def test_save_then_load_into_other_blocks(workers: list[SlabWorker]) -> None:
 def test_a_key_not_held_is_a_counted_miss(workers: list[SlabWorker]) -> None:
     worker = _worker(workers, _caches(random=True))
     _save(worker, (KEYS[0], 1))
-    worker.load([BlockTransfer(KEYS[0], 5), BlockTransfer(KEYS[2], 6)])
+    _load(worker, [BlockTransfer(KEYS[0], 5), BlockTransfer(KEYS[2], 6)])
     assert worker.take_load_errors() == {6}
     assert worker.take_missing() == {KEYS[2]}
     assert worker._stats.load_errors == 1
@@ -84,10 +101,10 @@ def test_planned_evictions_free_slots_for_the_next_saves(workers: list[SlabWorke
     _save(worker, (KEYS[0], 0), (KEYS[1], 1))
     _save(worker, (KEYS[2], 2), (KEYS[3], 3), evict=[KEYS[0], KEYS[1]])
     assert worker.take_missing() == set()  # the scheduler evicted: nothing to report
-    worker.load([BlockTransfer(KEYS[0], 4)])
+    _load(worker, [BlockTransfer(KEYS[0], 4)])
     assert worker.take_missing() == {KEYS[0]}
     original = {name: t.clone() for name, t in caches.items()}
-    worker.load([BlockTransfer(KEYS[2], 5), BlockTransfer(KEYS[3], 6)])
+    _load(worker, [BlockTransfer(KEYS[2], 5), BlockTransfer(KEYS[3], 6)])
     assert _same(caches, 5, original, 2) and _same(caches, 6, original, 3)
 
 
@@ -96,10 +113,10 @@ def test_out_of_slots_the_least_recently_used_go_and_are_reported(
 ) -> None:
     worker = _worker(workers, _caches(random=True), slots=2)
     _save(worker, (KEYS[0], 0), (KEYS[1], 1))
-    worker.load([BlockTransfer(KEYS[0], 4)])  # KEYS[0] is now the most recently used
+    _load(worker, [BlockTransfer(KEYS[0], 4)])  # KEYS[0] is now the most recently used
     _save(worker, (KEYS[2], 2))  # the index did not evict: the worker makes room itself
     assert worker.take_missing() == {KEYS[1]}
-    worker.load([BlockTransfer(KEYS[0], 5), BlockTransfer(KEYS[2], 6)])
+    _load(worker, [BlockTransfer(KEYS[0], 5), BlockTransfer(KEYS[2], 6)])
     assert worker.take_load_errors() == set()
 
 
@@ -110,7 +127,7 @@ def test_a_slot_whose_tag_differs_is_never_loaded(workers: list[SlabWorker]) -> 
     slot = worker._slot_of[KEYS[0]]
     worker._tags[slot] = KEYS[1]  # the bookkeeping gone wrong: the slot claims another key
     before = caches["layer.0"][5].clone()
-    worker.load([BlockTransfer(KEYS[0], 5)])
+    _load(worker, [BlockTransfer(KEYS[0], 5)])
     assert worker.take_load_errors() == {5}
     assert torch.equal(caches["layer.0"][5], before)
 
@@ -130,12 +147,19 @@ class _Broken(HostSlab):
         raise RuntimeError("copy-out broke")
 
 
-def test_failed_copies_are_misses_never_crashes(workers: list[SlabWorker]) -> None:
+def _broken_copy(*_: Any) -> None:
+    raise RuntimeError("copy-in broke")
+
+
+def test_failed_copies_are_misses_never_crashes(
+    workers: list[SlabWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
     worker = _worker(workers, _caches(random=True))
     _save(worker, (KEYS[0], 1))
     assert worker._slab is not None
     worker._slab.__class__ = _Broken
-    worker.load([BlockTransfer(KEYS[0], 5)])
+    monkeypatch.setattr(slab_worker, "copy_slots_in", _broken_copy)  # the layer copies
+    _load(worker, [BlockTransfer(KEYS[0], 5)])
     assert worker.take_load_errors() == {5}
     _save(worker, (KEYS[1], 2))
     assert worker.take_missing() == {KEYS[0], KEYS[1]}
@@ -146,7 +170,7 @@ def test_failed_copies_are_misses_never_crashes(workers: list[SlabWorker]) -> No
 
 def test_saves_computed_over_a_failed_load_are_dropped(workers: list[SlabWorker]) -> None:
     worker = _worker(workers, _caches(random=True))
-    worker.load([BlockTransfer(KEYS[0], 0)])  # not held: block 0 failed
+    _load(worker, [BlockTransfer(KEYS[0], 0)])  # not held: block 0 failed
     plan = TierStepPlan(saves=[BlockTransfer(KEYS[1], 1)], tables={"r": [0, 1]})
     worker.save(plan)
     assert KEYS[1] not in worker._slot_of
@@ -176,6 +200,68 @@ def test_clear_forgets_every_block(workers: list[SlabWorker]) -> None:
     worker = _worker(workers, _caches(random=True))
     _save(worker, (KEYS[0], 1), (KEYS[1], 2))
     worker.clear()
-    worker.load([BlockTransfer(KEYS[0], 5)])
+    _load(worker, [BlockTransfer(KEYS[0], 5)])
     assert worker.take_load_errors() == {5}
     assert len(worker._free) == 4
+
+
+def test_layer_copies_wait_for_nothing_but_their_layer(workers: list[SlabWorker]) -> None:
+    caches = _caches(random=True)
+    original = {name: t.clone() for name, t in caches.items()}
+    worker = SlabWorker("memory", 4, 0, TierStats(), by_layer=True)
+    workers.append(worker)
+    worker.register(caches, NUM_BLOCKS)
+    _save(worker, (KEYS[0], 1))
+    worker.load([BlockTransfer(KEYS[0], 6)])
+    worker.wait_layer("layer.0")
+    assert torch.equal(caches["layer.0"][6], original["layer.0"][1])
+    worker.wait_layer("layer.1")
+    worker.wait_layer("layer.9")  # a layer with nothing to load: no wait
+    assert worker.take_load_errors() == set()
+    assert _same(caches, 6, original, 1)
+    assert worker._stats.loaded_blocks == 1
+
+
+def test_a_layer_never_waited_for_is_recomputed_and_loads_go_whole(
+    workers: list[SlabWorker],
+) -> None:
+    caches = _caches(random=True)
+    original = {name: t.clone() for name, t in caches.items()}
+    worker = SlabWorker("memory", 4, 0, TierStats(), by_layer=True)
+    workers.append(worker)
+    worker.register(caches, NUM_BLOCKS)
+    _save(worker, (KEYS[0], 1))
+    worker.load([BlockTransfer(KEYS[0], 6)])
+    worker.wait_layer("layer.0")  # the forward pass skipped layer.1's hook
+    assert worker.take_load_errors() == {6}  # it may have read layer.1 first: recomputed
+    assert worker.take_missing() == set()  # the slot still holds the block
+    assert worker._stats.load_errors == 1
+    worker.load([BlockTransfer(KEYS[0], 7)])  # copied whole, before the forward pass
+    assert worker.take_load_errors() == set()
+    assert _same(caches, 7, original, 1)
+
+
+def test_a_slot_reused_after_a_layered_load_leaves_the_loaded_block(
+    workers: list[SlabWorker],
+) -> None:
+    caches = _caches(random=True)
+    original = {name: t.clone() for name, t in caches.items()}
+    worker = SlabWorker("memory", 1, 0, TierStats(), by_layer=True)
+    workers.append(worker)
+    worker.register(caches, NUM_BLOCKS)
+    _save(worker, (KEYS[0], 1))
+    _load(worker, [BlockTransfer(KEYS[0], 6)])
+    _save(worker, (KEYS[1], 2), evict=[KEYS[0]])  # reuses the only slot
+    assert _same(caches, 6, original, 1)
+    assert worker.take_load_errors() == set()
+
+
+def test_layer_order_follows_the_cache_and_numbers_each_group(workers: list[SlabWorker]) -> None:
+    names = ["a.0", "b.0", "a.1", "b.1"]
+    assert slab_worker._layer_order(names, None) == [(n, 0, i) for i, n in enumerate(names)]
+    assert slab_worker._layer_order(names, [["a.0", "a.1"], ["b.0", "b.1"]]) == [
+        ("a.0", 0, 0),
+        ("b.0", 1, 0),
+        ("a.1", 0, 1),
+        ("b.1", 1, 1),
+    ]

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from kvmux.tier.threads import HELPER_NICE, in_background, spare_cores
+from kvmux.tier.threads import HELPER_NICE, has_spare_core, in_background, spare_cores
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux affinity")
 
@@ -54,3 +54,20 @@ def test_a_helper_moves_to_the_cores_the_engine_thread_does_not_use() -> None:
     assert cores == os.sched_getaffinity(os.getppid()) - {engine_core}
     if os.getpriority(os.PRIO_PROCESS, 0) <= HELPER_NICE:
         assert nice == HELPER_NICE
+
+
+@linux_only
+def test_a_spare_core_is_one_the_parent_may_use_and_this_thread_may_not() -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    seen: dict[str, bool] = {}
+
+    def engine() -> None:  # as vLLM binds the worker's thread to the forward pass's cores
+        seen["unbound"] = has_spare_core()
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        seen["bound"] = has_spare_core()
+
+    started = threading.Thread(target=engine)
+    started.start()
+    started.join()
+    assert seen == {"unbound": False, "bound": True}
