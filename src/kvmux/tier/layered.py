@@ -14,8 +14,8 @@ copies before the forward pass.
 
 from __future__ import annotations
 
-import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,8 +24,6 @@ from kvmux.tier.threads import in_background
 
 __all__ = ["LayerCopies", "LayerOutcome"]
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class LayerOutcome:
@@ -33,12 +31,13 @@ class LayerOutcome:
 
     failed: BaseException | None = None  # the first copy that raised, if any
     unwaited: tuple[str, ...] = ()  # layers copied that the forward pass never waited for
+    seconds: float = 0.0  # the helper thread's time copying
 
 
 @dataclass
 class _Step:
     events: dict[str, threading.Event]
-    future: Future[BaseException | None]
+    future: Future[tuple[BaseException | None, float]]
     waited: set[str] = field(default_factory=set)
 
 
@@ -66,7 +65,8 @@ class LayerCopies:
     @staticmethod
     def _run(
         copies: Sequence[tuple[str, Callable[[], None]]], events: dict[str, threading.Event]
-    ) -> BaseException | None:
+    ) -> tuple[BaseException | None, float]:
+        started = time.perf_counter()
         failed: BaseException | None = None
         for name, copy in copies:
             if failed is None:
@@ -75,7 +75,7 @@ class LayerCopies:
                 except Exception as exc:  # reported by finish; later layers are not copied
                     failed = exc
             events[name].set()  # never leave the forward pass waiting
-        return failed
+        return failed, time.perf_counter() - started
 
     def wait(self, layer: str) -> None:
         """Block until ``layer``'s copy is done (at once if it has none this step)."""
@@ -92,9 +92,9 @@ class LayerCopies:
         step, self._step = self._step, None
         if step is None:
             return LayerOutcome()
-        failed = step.future.result()
+        failed, seconds = step.future.result()
         unwaited = tuple(name for name in step.events if name not in step.waited)
-        return LayerOutcome(failed, unwaited)
+        return LayerOutcome(failed, unwaited, seconds)
 
     def close(self) -> None:
         """Finish any step and stop the helper thread."""

@@ -47,7 +47,6 @@ class SlabWorker(WorkerBase):
         self._layer_order: list[tuple[str, int, int]] = []  # (name, group, position)
         self._host_layers: list[list[HostLayer]] = []  # per group, per layer
         self._copying: list[BlockTransfer] = []  # what the step's layer copies load
-        self._copy_started = 0.0
         # guarded by _lock (asynchronous loads run on loader threads):
         self._slot_of: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
         self._tags: list[BlockKey | None] = []  # the key each slot holds
@@ -156,7 +155,6 @@ class SlabWorker(WorkerBase):
     def _start_layer_copies(self, loads: Sequence[BlockTransfer]) -> None:
         """Find each block's slot now; copy them in on the helper thread, layer by layer."""
         assert self._layer_copies is not None
-        started = time.perf_counter()
         batches: dict[int, tuple[list[int], list[int]]] = {}  # group -> block ids, slots
         held = [False] * len(loads)
         with self._lock:
@@ -179,7 +177,6 @@ class SlabWorker(WorkerBase):
             for name, group, position in self._layer_order
             if group in batches
         ]
-        self._copy_started = started
         self._layer_copies.start(copies)
 
     def wait_layer(self, layer_name: str) -> None:
@@ -198,7 +195,7 @@ class SlabWorker(WorkerBase):
             self._stats.add(
                 loaded_blocks=len(copied),
                 bytes_loaded=sum(self._slab.block_bytes(t.group) for t in copied),
-                load_seconds=time.perf_counter() - self._copy_started,
+                load_seconds=outcome.seconds,
             )
             return
         if outcome.unwaited:  # the forward pass may have read them first: recomputed
