@@ -74,19 +74,42 @@ class MuxWorker:
         self._bound: Sequence[Child] = _NONE
         self._loaders: Sequence[Child] = _NONE
         self._savers: Sequence[Child] = _NONE
-        # children whose per-layer hooks do work (kvmux tiers copy whole steps instead)
-        self._per_layer = [c for c in self._all if getattr(c[1], "kvmux_layer_hooks", True)]
+        # children whose per-layer hooks do work (kvmux tiers copy whole steps, except a
+        # memory tier copying loads layer by layer): see refresh_layer_hooks
+        self._per_layer: list[Child] = []
+        self._layer_loaders: set[int] = set()
+        self._layer_savers: set[int] = set()
+        self._every_layer_load: Sequence[LayerCall] = _NO_LAYER_CALLS
+        self._every_layer_save: Sequence[LayerCall] = _NO_LAYER_CALLS
         # kvmux tiers: told which blocks failed in a sibling before they save (a tier
         # knows its own failures), so only a step with loads and siblings needs it
         self._droppers = [c for c in self._all if hasattr(c[1], "kvmux_drop_saves_over")]
         self._siblings = len(self._all) > 1
-        self._every_layer_call = [(i, child) for i, child, _ in self._per_layer]
         # whose wait_for_layer_load and save_kv_layer to call in this step
         self.layer_loads: Sequence[LayerCall] = _NO_LAYER_CALLS
         self.layer_saves: Sequence[LayerCall] = _NO_LAYER_CALLS
         self._load_errors: set[int] = set()
         self._lost: set[int] = set()  # children whose loads of this step are lost
         self._done_recving: set[str] = set()
+        self.refresh_layer_hooks()
+
+    def refresh_layer_hooks(self) -> None:
+        """Note whose per-layer hooks do work: ``kvmux_layer_hooks`` (loads; any foreign
+        child) and ``kvmux_layer_saves`` (saves; the same unless said). A child may know
+        only once it adopted the KV cache, so this runs again after registering it."""
+
+        def loads(child: Any) -> bool:
+            return bool(getattr(child, "kvmux_layer_hooks", True))
+
+        def saves(child: Any) -> bool:
+            return bool(getattr(child, "kvmux_layer_saves", loads(child)))
+
+        self._layer_loaders = {i for i, child, _ in self._all if loads(child)}
+        self._layer_savers = {i for i, child, _ in self._all if saves(child)}
+        doing = self._layer_loaders | self._layer_savers
+        self._per_layer = [c for c in self._all if c[0] in doing]
+        self._every_layer_load = [(i, c) for i, c, _ in self._all if i in self._layer_loaders]
+        self._every_layer_save = [(i, c) for i, c, _ in self._all if i in self._layer_savers]
 
     def begin_step(self, plan: MuxStepPlan, child_metas: Sequence[Any | None]) -> None:
         """Bind each child's metadata; children unbound or cut off lose their loads."""
@@ -150,7 +173,8 @@ class MuxWorker:
                 if not guard.closed:
                     break
             else:  # every child live, every breaker closed: the usual step
-                self.layer_loads = self.layer_saves = self._every_layer_call
+                self.layer_loads = self._every_layer_load
+                self.layer_saves = self._every_layer_save
                 return
         loaders = {c[0] for c in self._loaders}
         savers = {c[0] for c in self._savers}
@@ -158,9 +182,9 @@ class MuxWorker:
         saves: list[LayerCall] = []
         for i, child, guard in self._per_layer:
             callee = child if guard.closed else _Trial(self, i, child)
-            if i in loaders:
+            if i in loaders and i in self._layer_loaders:
                 loads.append((i, callee))
-            if i in savers:
+            if i in savers and i in self._layer_savers:
                 saves.append((i, callee))
         self.layer_loads, self.layer_saves = loads, saves
 

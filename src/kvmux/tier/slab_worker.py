@@ -81,6 +81,7 @@ class SlabWorker(WorkerBase):
             self._free = deque(range(slab.slots))
         host = slab.slot_bytes if slab.device.type == "cpu" else None
         self._loader.use(CopyStream(slab.device), host)
+        self._choose_copies(slab)
         log.info(
             "kvmux tier %s: %d host slots of %d bytes (%.1f MiB)%s",
             self.name,
@@ -142,15 +143,24 @@ class SlabWorker(WorkerBase):
         if loads and self._slab is not None:
             self._start_layer_copies(loads)
 
-    def _copies_by_layer(self) -> bool:
-        if self._by_layer is None and self._slab is not None:
-            self._by_layer = self._slab.device.type == "cpu" and has_spare_core()
-            how = "layer by layer on a spare core" if self._by_layer else "before the forward pass"
-            log.info("kvmux tier %s: loads are copied %s", self.name, how)
-        if self._by_layer and self._layer_copies is None and self._slab is not None:
-            self._host_layers = [self._slab.host_layers(g) for g in range(self._slab.groups)]
-            self._layer_copies = LayerCopies(self.name)
+    @property
+    def copies_by_layer(self) -> bool:
+        """Whether loads are copied layer by layer (decided when the KV cache is adopted)."""
         return bool(self._by_layer) and self._layer_copies is not None
+
+    def _copies_by_layer(self) -> bool:
+        return bool(self._by_layer) and self._layer_copies is not None
+
+    def _choose_copies(self, slab: HostSlab) -> None:
+        """Copy loads layer by layer where a spare core runs them (the calling thread is
+        the forward pass's: vLLM registers the KV cache from it), or as told."""
+        if self._by_layer is None:
+            self._by_layer = slab.device.type == "cpu" and has_spare_core()
+        if self._by_layer and slab.device.type == "cpu":
+            self._host_layers = [slab.host_layers(g) for g in range(slab.groups)]
+            self._layer_copies = LayerCopies(self.name)
+        how = "layer by layer on a spare core" if self._by_layer else "before the forward pass"
+        log.info("kvmux tier %s: loads are copied %s", self.name, how)
 
     def _start_layer_copies(self, loads: Sequence[BlockTransfer]) -> None:
         """Find each block's slot now; copy them in on the helper thread, layer by layer."""

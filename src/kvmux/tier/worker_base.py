@@ -102,6 +102,11 @@ class WorkerBase(ABC):
         self._load_errors |= failed
         self._failed_this_step |= failed
 
+    @property
+    def copies_by_layer(self) -> bool:
+        """Whether loads are copied layer by layer (``wait_layer`` then waits)."""
+        return False
+
     def wait_layer(self, layer_name: str) -> None:
         """Return once ``layer_name``'s loaded blocks are in (``load`` copies them all)."""
         return

@@ -456,8 +456,10 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
     # -- worker side ----------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """Give every child the KV caches."""
+        """Give every child the KV caches (a child may then take on per-layer work)."""
         self._each("register_kv_caches", kv_caches)
+        if self._worker is not None:
+            self._worker.refresh_layer_hooks()
 
     def unregister_kv_caches(self) -> None:
         """(vLLM 0.33+) Every child lets go of the KV caches (sleep, weight updates)."""

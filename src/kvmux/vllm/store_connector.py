@@ -113,9 +113,14 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     """
 
     kvmux_offset_loads = True  # can load a range that starts past the computed tokens
-    # whether wait_for_layer_load does anything (the memory tier's worker half may copy
-    # loads layer by layer); save_kv_layer never does
-    kvmux_layer_hooks = False
+    kvmux_layer_saves = False  # save_kv_layer does nothing: a parent may skip it
+
+    @property
+    def kvmux_layer_hooks(self) -> bool:
+        """Whether wait_for_layer_load does work: the memory tier copying loads layer by
+        layer (decided when the worker adopts the KV cache); a parent may skip it if not."""
+        worker = getattr(self, "_worker", None)
+        return worker is not None and worker.copies_by_layer
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -165,7 +170,6 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/slab.py
             slots = spec.capacity // slab_slot_bytes(kv_cache_config)
             self._worker = self.open_slab_worker(spec, slots)
-            self.kvmux_layer_hooks = True  # loads may be copied layer by layer
         else:
             self._worker = TierWorker(
                 self.open_store(spec),

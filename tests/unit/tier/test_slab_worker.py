@@ -265,3 +265,15 @@ def test_layer_order_follows_the_cache_and_numbers_each_group(workers: list[Slab
         ("a.1", 0, 1),
         ("b.1", 1, 1),
     ]
+
+
+def test_loads_go_by_layer_where_a_spare_core_runs_them(
+    workers: list[SlabWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for spare in (False, True):
+        monkeypatch.setattr(slab_worker, "has_spare_core", lambda spare=spare: spare)
+        worker = SlabWorker("memory", 4, 0, TierStats())  # decided at register
+        workers.append(worker)
+        assert not worker.copies_by_layer
+        worker.register(_caches(random=False), NUM_BLOCKS)
+        assert worker.copies_by_layer is spare

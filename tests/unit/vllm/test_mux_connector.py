@@ -473,6 +473,18 @@ def test_every_child_gets_the_worker_hooks() -> None:
         assert args_of(name, "save_kv_layer") == [("layer.0",)]
 
 
+def test_per_layer_hooks_go_only_to_children_they_do_work_for() -> None:
+    engine = Engine(child("a"), child("b"))
+    a, b = engine.worker.children
+    a.kvmux_layer_saves = False  # e.g. a kvmux tier copying only its loads layer by layer
+    b.kvmux_layer_hooks = False  # e.g. a kvmux tier copying whole steps
+    engine.worker.register_kv_caches({"layer.0": KV_LAYER})  # children decide, the mux asks
+    engine.step()
+    assert args_of("a", "wait_for_layer_load") == [("layer.0",)]
+    assert args_of("a", "save_kv_layer") == []
+    assert args_of("b", "wait_for_layer_load") == args_of("b", "save_kv_layer") == []
+
+
 def test_handle_preemptions_passes_each_child_its_own_metadata() -> None:
     engine = Engine(child("a"), child("b"))
     meta = engine.meta()
