@@ -41,7 +41,7 @@ class SlabWorker(WorkerBase):
         self._slots = slots
         self._slab: HostSlab | None = None
         # synchronous loads copied layer by layer beside the forward pass (``layered.py``);
-        # None: decided at the first load, where a spare core can run the copies
+        # None: decided when the KV cache is registered, where a spare core runs them
         self._by_layer = by_layer
         self._layer_copies: LayerCopies | None = None
         self._layer_order: list[tuple[str, int, int]] = []  # (name, group, position)
