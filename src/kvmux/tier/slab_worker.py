@@ -136,7 +136,7 @@ class SlabWorker(WorkerBase):
         """Copy the planned blocks in: layer by layer beside the forward pass where a
         spare core can (``wait_layer`` before each layer), else all before it."""
         self.finish_layers()  # a step whose end was not seen
-        if not self._copies_by_layer():
+        if not self.copies_by_layer:
             super().load(loads)
             return
         self._failed_this_step = set()  # a new step: what failed before is settled
@@ -146,9 +146,6 @@ class SlabWorker(WorkerBase):
     @property
     def copies_by_layer(self) -> bool:
         """Whether loads are copied layer by layer (decided when the KV cache is adopted)."""
-        return bool(self._by_layer) and self._layer_copies is not None
-
-    def _copies_by_layer(self) -> bool:
         return bool(self._by_layer) and self._layer_copies is not None
 
     def _choose_copies(self, slab: HostSlab) -> None:

@@ -55,6 +55,14 @@ def _worker(made: list[SlabWorker], caches: dict[str, Any], slots: int = 4) -> S
     return worker
 
 
+def _by_layer_worker(made: list[SlabWorker], caches: dict[str, Any], slots: int) -> SlabWorker:
+    """A worker that copies loads layer by layer, whatever the fixture's mode."""
+    worker = SlabWorker("memory", slots, 0, TierStats(), by_layer=True)
+    worker.register(caches, NUM_BLOCKS)
+    made.append(worker)
+    return worker
+
+
 def _load(worker: SlabWorker, loads: list[BlockTransfer]) -> None:
     """A step's load as the forward pass sees it: each layer waited for before it runs."""
     worker.load(loads)
@@ -208,9 +216,7 @@ def test_clear_forgets_every_block(workers: list[SlabWorker]) -> None:
 def test_layer_copies_wait_for_nothing_but_their_layer(workers: list[SlabWorker]) -> None:
     caches = _caches(random=True)
     original = {name: t.clone() for name, t in caches.items()}
-    worker = SlabWorker("memory", 4, 0, TierStats(), by_layer=True)
-    workers.append(worker)
-    worker.register(caches, NUM_BLOCKS)
+    worker = _by_layer_worker(workers, caches, slots=4)
     _save(worker, (KEYS[0], 1))
     worker.load([BlockTransfer(KEYS[0], 6)])
     worker.wait_layer("layer.0")
@@ -227,9 +233,7 @@ def test_a_layer_never_waited_for_is_recomputed_and_loads_go_whole(
 ) -> None:
     caches = _caches(random=True)
     original = {name: t.clone() for name, t in caches.items()}
-    worker = SlabWorker("memory", 4, 0, TierStats(), by_layer=True)
-    workers.append(worker)
-    worker.register(caches, NUM_BLOCKS)
+    worker = _by_layer_worker(workers, caches, slots=4)
     _save(worker, (KEYS[0], 1))
     worker.load([BlockTransfer(KEYS[0], 6)])
     worker.wait_layer("layer.0")  # the forward pass skipped layer.1's hook
@@ -246,9 +250,7 @@ def test_a_slot_reused_after_a_layered_load_leaves_the_loaded_block(
 ) -> None:
     caches = _caches(random=True)
     original = {name: t.clone() for name, t in caches.items()}
-    worker = SlabWorker("memory", 1, 0, TierStats(), by_layer=True)
-    workers.append(worker)
-    worker.register(caches, NUM_BLOCKS)
+    worker = _by_layer_worker(workers, caches, slots=1)
     _save(worker, (KEYS[0], 1))
     _load(worker, [BlockTransfer(KEYS[0], 6)])
     _save(worker, (KEYS[1], 2), evict=[KEYS[0]])  # reuses the only slot
