@@ -19,6 +19,19 @@ _MISS: Answer = (0, False)  # what a failing or cut-off child offers
 _new = tuple.__new__  # Contribution(...) without NamedTuple's Python-level __new__ (per hit)
 
 
+def _owned_blocks(blocks: Any, first: int, end: int) -> list[int]:
+    """Ids of the first KV cache group's blocks ``first`` to ``end`` (exclusive).
+
+    vLLM's ``KVCacheBlocks`` keeps the blocks themselves: reading the ids of the slice
+    only costs a third of ``get_block_ids()``, which converts every block of every group
+    (once per hit request, on the scheduler's critical path).
+    """
+    groups = getattr(blocks, "blocks", None)
+    if groups is None:
+        return list(blocks.get_block_ids()[0][first:end])
+    return [block.block_id for block in groups[0][first:end]]
+
+
 class TransferParamsClash(KvmuxError):
     """Two children returned the same kv_transfer_params key."""
 
@@ -184,7 +197,7 @@ class MuxScheduler:
             except Exception as exc:
                 guard.fail("update_state_after_alloc", exc)
         size = self.block_size
-        owned = blocks.get_block_ids()[0][start // size : -(-(start + tokens) // size)]
+        owned = _owned_blocks(blocks, start // size, -(-(start + tokens) // size))
         step = self._step
         if step is None:
             step = self._step = MuxStepPlan()
@@ -192,7 +205,7 @@ class MuxScheduler:
             self.guards[loader].hit_tokens += tokens
             known = step.load_blocks.get(loader)
             if known is None:
-                step.load_blocks[loader] = owned if type(owned) is list else list(owned)
+                step.load_blocks[loader] = owned
             else:
                 known.extend(owned)
         else:
@@ -211,7 +224,6 @@ class MuxScheduler:
         shares: list[Contribution | None] = [None] * len(self._pairs)
         for c in plan:
             shares[c.child] = c
-        block_ids = blocks.get_block_ids()[0]
         step, size = self._current(), self.block_size
         loaders: set[int] | None = None  # async contributors that will load
         for i, child, guard in self._indexed:
@@ -226,7 +238,7 @@ class MuxScheduler:
                 told = False
             if share is None:
                 continue
-            owned = block_ids[share.start // size : -(-share.end // size)]
+            owned = _owned_blocks(blocks, share.start // size, -(-share.end // size))
             loads = told and not cut_off
             if loads:
                 guard.hit_tokens += tokens

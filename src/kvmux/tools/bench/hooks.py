@@ -41,6 +41,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput
 
 from kvmux.vllm.mux_connector import MuxConnector
@@ -357,14 +359,6 @@ class _Request:
     offers: tuple[int, ...]
 
 
-class _Blocks:
-    def __init__(self, ids: list[int]):
-        self._ids = (ids,)
-
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        return self._ids
-
-
 class Driver:
     """Feeds one connector pair the same steps as any other pair with as many children."""
 
@@ -404,7 +398,8 @@ class Driver:
 
     def _schedule(self) -> Any:
         conn, timers, clock = self.pair.scheduler, self.pair.sched_timers, time.perf_counter
-        blocks = _Blocks(list(range(self.step * 8, self.step * 8 + 8)))
+        first = self.step * 8  # vLLM's own blocks: reading their ids has a cost too
+        blocks = KVCacheBlocks(([KVCacheBlock(i) for i in range(first, first + 8)],))
         new = self._new_requests()
         started = clock()
         for request in new:
