@@ -27,12 +27,15 @@ class TurnTakingRunner:
         self.log: list[tuple[str, Any]] = []
         self.scripts: dict[str, list[dict[str, Any]]] = {}  # config -> the steps it ran
         self.lock = threading.Lock()
+        self.engines_started = 0
 
     def tokens(self, seed: int, count: int) -> list[int]:
         return [seed] * count
 
     def run(self, config: str, steps: list[dict[str, Any]], **_: Any) -> dict[str, Any]:
-        self.scripts[config] = steps
+        with self.lock:
+            self.scripts[config] = steps
+            self.engines_started += 1
         if config == self.fail:
             raise RuntimeError("engine job exited with 1: boom")
         done: list[dict[str, Any]] = [{"op": "start"}, {"op": "generate", "seconds": 9.0}]

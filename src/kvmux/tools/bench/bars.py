@@ -68,9 +68,11 @@ def evaluate_bars(results: dict[str, Any]) -> list[dict[str, Any]]:
     noreuse = results.get("no_reuse", [])
     layout = "multi-process"  # vLLM's default: vllm serve's and LLM's
     costs = round_costs(noreuse, "kvmux-mux-redis", layout)
+    pairs = len({r.get("session", 0) for r in noreuse if r.get("layout") == layout})
     bars.append(
         _bar(
-            f"saving cost ({layout}, median of {len(costs)} alternating rounds): "
+            f"saving cost ({layout}, median of {len(costs)} alternating rounds, "
+            f"{pairs} engine pairs): "
             "1 - throughput(kvmux all tiers) / throughput(none)",
             statistics.median(costs) if costs else None,
             0.05,

@@ -97,7 +97,10 @@ def run_bench(
             results["warm_ttft"] = _rows(_guarded("warm_ttft", warm))
         if set(SAVING_CONFIGS) <= set(configs):
             for layout in LAYOUTS[:1] if quick else LAYOUTS:  # in-process: for comparison
-                saving = partial(saving_rounds, runner, layout, plan.saving_rounds)
+                sessions = plan.saving_sessions if layout == LAYOUTS[0] else 1
+                saving = partial(
+                    saving_rounds, runner, layout, plan.saving_rounds, sessions=sessions
+                )
                 rows = _rows(_guarded(f"no_reuse {layout}", saving))
                 results.setdefault("no_reuse", []).extend(rows)
         results["overhead"] = _rows(_guarded("overhead", lambda: mux_overhead(runner, tqdm.write)))

@@ -10,12 +10,19 @@ from typing import Any
 
 from kvmux.tools.bench.turns import BenchRunner, Steps, take_turns
 
-__all__ = ["LAYOUTS", "SAVING_CONFIGS", "noreuse_seed", "round_costs", "saving_rounds"]
+__all__ = [
+    "LAYOUTS",
+    "SAVING_CONFIGS",
+    "noreuse_seed",
+    "round_costs",
+    "saving_rounds",
+    "warm_round",
+]
 
 LAYOUTS = ("multi-process", "in-process")  # vLLM's default layout first: the bar's
 SAVING_CONFIGS = ("none", "kvmux-mux-redis")  # baseline first
 PAUSE_S = 2.0  # before each turn: the other engine's writes of its last step end
-WARM_ROUND = 99  # seed round of each engine's unmeasured first batch
+WARM_ROUND = 99  # seed round of the first session's unmeasured first batch (then 98, ...)
 
 
 def noreuse_seed(layout: str, round_: int, prompt: int) -> int:
@@ -26,18 +33,42 @@ def noreuse_seed(layout: str, round_: int, prompt: int) -> int:
     return 100_000 * (1 + LAYOUTS.index(layout)) + 100 * round_ + prompt
 
 
+def warm_round(session: int) -> int:
+    """Seed round of the unmeasured first batch of a session's engines."""
+    return WARM_ROUND - session
+
+
 def saving_rounds(
-    runner: BenchRunner, layout: str, rounds: int, configs: tuple[str, str] = SAVING_CONFIGS
+    runner: BenchRunner,
+    layout: str,
+    rounds: int,
+    configs: tuple[str, str] = SAVING_CONFIGS,
+    sessions: int = 1,
 ) -> list[dict[str, Any]]:
     """Workload (c) in one vLLM layout: a row per engine and round (or an error row).
 
-    ``configs`` are the baseline and the configuration measured against it. In the
-    multi-process layout (vLLM's default, ``vllm serve``'s) the CPU backend binds the
-    forward pass to the cores it does not reserve; in-process it uses every core.
+    ``configs`` are the baseline and the configuration measured against it. Each of the
+    ``sessions`` starts a fresh pair of engines for ``rounds`` rounds: one engine can run a
+    few percent faster or slower than its twin for its whole life, so a cost measured on
+    one pair alone carries that pair's luck. In the multi-process layout (vLLM's default,
+    ``vllm serve``'s) the CPU backend binds the forward pass to the cores it does not
+    reserve; in-process it uses every core.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-    plan = runner.plan
+    if rounds < 1 or sessions < 1 or sessions * rounds > warm_round(sessions - 1):
+        raise ValueError(f"{sessions} sessions of {rounds} rounds: too few or too many")
+    rows: list[dict[str, Any]] = []
+    for session in range(sessions):
+        rows += _session(runner, layout, rounds, configs, session)
+    return rows
+
+
+def _session(
+    runner: BenchRunner, layout: str, rounds: int, configs: tuple[str, str], session: int
+) -> list[dict[str, Any]]:
+    """One pair of engines taking ``rounds`` turns each; rounds numbered across sessions."""
+    plan, first = runner.plan, session * rounds
 
     def batch(round_: int) -> Steps:
         prompts = [
@@ -49,8 +80,8 @@ def saving_rounds(
     result = take_turns(
         runner,
         configs,
-        lambda _: batch(WARM_ROUND),
-        lambda _, round_: batch(round_),
+        lambda _: batch(warm_round(session)),
+        lambda _, round_: batch(first + round_),
         rounds,
         PAUSE_S,
         multiprocess=layout == "multi-process",
@@ -60,13 +91,14 @@ def saving_rounds(
     rows: list[dict[str, Any]] = []
     for config, turns in result.items():
         if isinstance(turns, str):
-            rows.append({"config": config, "layout": layout, "error": turns})
+            rows.append({"config": config, "layout": layout, "session": session, "error": turns})
             continue
         rows += [
             {
                 "config": config,
                 "layout": layout,
-                "round": round_,
+                "session": session,
+                "round": first + round_,
                 "seconds": generated["seconds"],
                 "throughput_tok_s": tokens / generated["seconds"],
             }

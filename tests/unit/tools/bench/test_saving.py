@@ -9,7 +9,14 @@ import pytest
 from kvmux.tools.bench import saving
 from kvmux.tools.bench.bars import evaluate_bars
 from kvmux.tools.bench.profiles import FULL
-from kvmux.tools.bench.saving import LAYOUTS, WARM_ROUND, noreuse_seed, round_costs, saving_rounds
+from kvmux.tools.bench.saving import (
+    LAYOUTS,
+    WARM_ROUND,
+    noreuse_seed,
+    round_costs,
+    saving_rounds,
+    warm_round,
+)
 from kvmux.tools.bench.turns import turn_order
 from tests.support.turn_runner import TurnTakingRunner
 
@@ -36,6 +43,33 @@ def test_engines_take_their_turns_one_after_the_other() -> None:
     tokens = runner.plan.noreuse_prompts * 5
     assert rows[0]["throughput_tok_s"] == pytest.approx(tokens / 2.0)
     assert round_costs(rows, "kvmux-mux-redis", "multi-process") == pytest.approx([0.2] * 4)
+
+
+def test_each_session_is_a_fresh_engine_pair_with_rounds_numbered_on() -> None:
+    runner = TurnTakingRunner({"none": 2.0, "kvmux-mux-redis": 2.2}, **SMALL)
+    rows = saving_rounds(runner, "multi-process", 2, sessions=3)
+    assert runner.engines_started == 6  # two per session
+    assert [(r["session"], r["round"]) for r in rows if r["config"] == "none"] == [
+        (0, 0),
+        (0, 1),
+        (1, 2),
+        (1, 3),
+        (2, 4),
+        (2, 5),
+    ]
+    seeds = {p[0][0] for _, p in runner.log}
+    warm = {noreuse_seed("multi-process", warm_round(s), 0) for s in range(3)}
+    measured = {noreuse_seed("multi-process", r, 0) for r in range(6)}
+    assert seeds == warm | measured  # every session's warm-up batch is new to the tiers too
+    assert len(round_costs(rows, "kvmux-mux-redis", "multi-process")) == 6
+    (bar,) = [b for b in evaluate_bars({"no_reuse": rows}) if b["bar"].startswith("saving")]
+    assert "median of 6 alternating rounds, 3 engine pairs" in bar["bar"]
+
+
+@pytest.mark.parametrize(("rounds", "sessions"), [(0, 1), (1, 0), (40, 3)])
+def test_sessions_that_cannot_be_seeded_apart_are_refused(rounds: int, sessions: int) -> None:
+    with pytest.raises(ValueError, match="too few or too many"):
+        saving_rounds(TurnTakingRunner({}), "multi-process", rounds, sessions=sessions)
 
 
 def test_a_failing_engine_is_an_error_row_and_the_other_does_not_wait_for_it() -> None:
@@ -78,7 +112,10 @@ def test_every_saving_round_sees_prompts_no_earlier_round_saved() -> None:
     seeds = [
         noreuse_seed(layout, round_, prompt)
         for layout in LAYOUTS
-        for round_ in [*range(FULL.saving_rounds), WARM_ROUND]
+        for round_ in [
+            *range(FULL.saving_rounds * FULL.saving_sessions),
+            *(warm_round(s) for s in range(FULL.saving_sessions)),
+        ]
         for prompt in range(FULL.noreuse_prompts)
     ]
     assert len(set(seeds)) == len(seeds)
