@@ -65,7 +65,10 @@ class KVStore(ABC):
         return [self.put(key, value) for key, value in items]
 
     def put_many_parts(self, items: Sequence[tuple[bytes, ValueParts]]) -> list[bool]:
-        """``put_many`` of values given as their pieces; stores that can, never join them."""
+        """``put_many`` of values given as their pieces; stores that can, never join them.
+
+        The pieces are views of memory reused once the call returns: a store keeps copies.
+        """
         return self.put_many([(key, b"".join(parts)) for key, parts in items])
 
     def head(self, key: bytes, size: int) -> bytes | None:

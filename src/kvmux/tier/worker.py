@@ -2,6 +2,9 @@
 
 Synchronous loads are copied in before the forward pass that reads them; asynchronous
 ones run on an ``AsyncLoader`` (``tier/loader.py``) while the engine keeps stepping.
+A save is gathered from the KV cache into staging slots allocated once (the save queue:
+``HostSlab``), encoded and written from there, and its slots reused once written: no
+host memory is allocated per save (fresh pages cost the forward pass more than the copy).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore, ValueParts
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.slab import HostSlab
 from kvmux.tier.threads import in_background
-from kvmux.tier.transfer import BlockMover, CopyStream, HostCopies, group_movers
+from kvmux.tier.transfer import BlockMover, CopyStream, group_movers
 from kvmux.tier.worker_base import WorkerBase
 
 __all__ = ["FinishedLoads", "TierWorker"]
@@ -43,15 +47,17 @@ def _nbytes(parts: ValueParts) -> int:
 
 @dataclass(frozen=True)
 class _Copied:
-    """One block copied out: its group's layer specs, the group's host copies, its row."""
+    """One block copied out: its group's layer specs, the staging slots, its slot."""
 
     specs: tuple[LayerSpec, ...]
-    copies: HostCopies
-    row: int
+    staging: HostSlab
+    group: int
+    slot: int
 
     def parts(self) -> list[memoryview]:
         """Raw bytes of the block's layers, without copying (once the copies landed)."""
-        return BlockMover.block_parts(self.copies.wait(), self.row)
+        self.staging.flush()
+        return self.staging.slot_parts(self.group, self.slot)
 
 
 class TierWorker(WorkerBase):
@@ -81,6 +87,8 @@ class TierWorker(WorkerBase):
         self._save_queue = save_queue  # bound of host bytes copied out and not yet written
         self._queued_bytes = 0  # guarded by _lock
         self._group_bytes: list[int] = []  # host bytes of one block of each group's layers
+        self._staging: HostSlab | None = None  # slots saves are copied into (the save queue)
+        self._free_slots: list[int] = []  # guarded by _lock
         # entries that failed verification: replaced when the block is saved again
         # (insertion-ordered, the oldest forgotten past UNVERIFIED_KEPT); guarded by
         # _lock (loads note them on loader threads, the writer thread reads them)
@@ -105,6 +113,12 @@ class TierWorker(WorkerBase):
         """Adopt the engine's KV cache tensors (see ``WorkerBase.register``)."""
         self._movers = group_movers(kv_caches, num_blocks, groups)
         self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
+        # as many slots as blocks of the smallest group fit in the save queue (a slot holds
+        # a block of any group; vLLM's groups are of one size, the queue's bytes then)
+        slots = self._save_queue // max(1, min(self._group_bytes, default=1))
+        if self._movers and slots:
+            self._staging = HostSlab(self._movers, slots)
+            self._free_slots = list(range(slots))
         if self._movers:
             device = self._movers[0].device
             host = sum(self._group_bytes) if device.type == "cpu" else None
@@ -239,20 +253,23 @@ class TierWorker(WorkerBase):
 
     # -- saves ---------------------------------------------------------------
 
-    def _admit(self, saves: list[BlockTransfer]) -> list[BlockTransfer]:
-        """The saves that fit in the save queue; the rest are dropped and counted.
+    def _admit(self, saves: list[BlockTransfer]) -> tuple[list[BlockTransfer], list[int]]:
+        """The saves that fit in the save queue, with their staging slots; the rest are
+        dropped and counted.
 
         A slow store must never make host memory grow without bound, nor make the
         forward pass wait: past the bound, saves are simply not made.
         """
         with self._lock:
             room, count = self._save_queue - self._queued_bytes, 0
-            for transfer in saves:
+            for transfer in saves[: len(self._free_slots)]:
                 room -= max(1, self._bytes_of(transfer))
                 if room < 0:
                     break
                 count += 1
             admitted, dropped = saves[:count], saves[count:]
+            self._free_slots.sort()  # the lowest first: runs of slots, fewer copies
+            slots, self._free_slots = self._free_slots[:count], self._free_slots[count:]
             self._queued_bytes += sum(map(self._bytes_of, admitted))
             queued = self._queued_bytes
         self._stats.observe_save_queue(queued)
@@ -265,22 +282,32 @@ class TierWorker(WorkerBase):
                 self._store.name,
                 queued,
             )
-        return admitted
+        return admitted, slots
+
+    def _release(self, slots: list[int], queued: int) -> None:
+        """Give back the staging slots and queued bytes of a save batch written (or not)."""
+        with self._lock:
+            self._queued_bytes -= queued
+            self._free_slots += slots
 
     def _bytes_of(self, transfer: BlockTransfer) -> int:
         return self._group_bytes[transfer.group]
 
-    def _copy_out(self, saves: Sequence[BlockTransfer]) -> list[_Copied]:
-        """Host copies of the planned blocks, one batch per KV cache group."""
+    def _copy_out(self, saves: Sequence[BlockTransfer], slots: list[int]) -> list[_Copied]:
+        """Gather the planned blocks into their staging slots, one batch per KV cache group."""
+        staging = self._staging
+        assert staging is not None or not saves, "saves admitted without staging slots"
         rows_of: dict[int, list[int]] = {}
         for index, transfer in enumerate(saves):
             rows_of.setdefault(transfer.group, []).append(index)
         copied: dict[int, _Copied] = {}
         for group, indices in rows_of.items():
-            mover = self._movers[group]
-            copies = mover.start_copy_out([saves[i].block_id for i in indices])
-            for row, index in enumerate(indices):
-                copied[index] = _Copied(mover.layer_specs, copies, row)
+            assert staging is not None
+            group_slots = [slots[i] for i in indices]
+            staging.save(group, [saves[i].block_id for i in indices], group_slots)
+            specs = self._movers[group].layer_specs
+            for index, slot in zip(indices, group_slots, strict=True):
+                copied[index] = _Copied(specs, staging, group, slot)
         return [copied[index] for index in range(len(saves))]
 
     def save(self, plan: TierStepPlan) -> None:
@@ -288,8 +315,13 @@ class TierWorker(WorkerBase):
         saves = self._untainted(plan)
         if not self._movers or not (saves or plan.evictions):
             return
-        saves = self._admit(saves)
-        copied = self._copy_out(saves)
+        saves, slots = self._admit(saves)
+        queued = sum(map(self._bytes_of, saves))
+        try:
+            copied = self._copy_out(saves, slots)
+        except BaseException:
+            self._release(slots, queued)
+            raise
         keys = [self._skey(t.key) for t in saves]
         evictions = [self._skey(k) for k in plan.evictions]
         blocks = [t.key for t in saves]
@@ -297,14 +329,18 @@ class TierWorker(WorkerBase):
         with self._lock:
             for skey in keys:
                 self._pending[skey] = future
-        queued = sum(map(self._bytes_of, saves))
-        future.add_done_callback(partial(self._settle, blocks, keys, queued))
+        future.add_done_callback(partial(self._settle, blocks, keys, slots, queued))
 
     def _settle(
-        self, blocks: list[BlockKey], keys: list[bytes], queued: int, future: Future[None]
+        self,
+        blocks: list[BlockKey],
+        keys: list[bytes],
+        slots: list[int],
+        queued: int,
+        future: Future[None],
     ) -> None:
+        self._release(slots, queued)
         with self._lock:
-            self._queued_bytes -= queued
             for skey in keys:
                 if self._pending.get(skey) is future:
                     del self._pending[skey]

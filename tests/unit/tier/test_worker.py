@@ -534,3 +534,84 @@ def test_saves_the_store_refused_are_reported_so_the_index_forgets_them(
     buggy = make_worker(BuggyStore(1 << 20), _caches("blocks_first", random=True))
     _save(buggy, (K1, 1))
     assert buggy.take_missing() == {K1}  # a batch whose store raised, too
+
+
+BLOCK_BYTES = 2 * 2 * 4 * 8 * 4  # a block of the two (2, 4, 8) float32 layers of _caches
+
+
+def test_staging_slots_are_reused_and_each_save_keeps_its_own_bytes(layout: str) -> None:
+    caches = _caches(layout, random=True)
+    stats = TierStats()
+    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=2 * BLOCK_BYTES)
+    worker.register(caches, NUM_BLOCKS)
+    saved: dict[BlockKey, list[torch.Tensor]] = {}
+    try:
+        for plan in _steps(6, 2):  # six saves of the same two blocks through two slots
+            for tensor in caches.values():
+                tensor.normal_()
+            for transfer in plan.saves:
+                saved[transfer.key] = [
+                    _block(t, layout, transfer.block_id).clone() for t in caches.values()
+                ]
+            worker.save(plan)
+            worker.flush()
+        assert (stats.saved_blocks, stats.dropped_saves) == (12, 0)
+        for key, expected in saved.items():
+            for tensor in caches.values():
+                tensor.zero_()
+            worker.load([BlockTransfer(key, 4)])
+            assert worker.take_load_errors() == set()
+            for tensor, block in zip(caches.values(), expected, strict=True):
+                assert torch.equal(_block(tensor, layout, 4), block)
+    finally:
+        worker.close()
+
+
+def test_a_failed_write_gives_its_staging_slots_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = TierStats()
+    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=2 * BLOCK_BYTES)
+    worker.register(_caches("blocks_first", random=True), NUM_BLOCKS)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(worker, "_encode", lambda *_: (_ for _ in ()).throw(ValueError("bug")))
+            for plan in _steps(3, 2):
+                worker.save(plan)
+                worker.flush()
+        assert (stats.save_errors, stats.dropped_saves) == (6, 0)
+        for plan in _steps(2, 2):
+            worker.save(plan)
+            worker.flush()
+        assert (stats.saved_blocks, stats.dropped_saves) == (4, 0)
+    finally:
+        worker.close()
+
+
+def test_a_failed_copy_out_gives_its_staging_slots_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = TierStats()
+    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=2 * BLOCK_BYTES)
+    worker.register(_caches("blocks_first", random=True), NUM_BLOCKS)
+    try:
+        staging = worker._staging
+        assert staging is not None
+        with monkeypatch.context() as patch:
+            patch.setattr(staging, "save", lambda *_: (_ for _ in ()).throw(RuntimeError("bug")))
+            with pytest.raises(RuntimeError, match="bug"):
+                worker.save(next(_steps(1, 2)))
+        for plan in _steps(2, 2):
+            worker.save(plan)
+            worker.flush()
+        assert (stats.saved_blocks, stats.dropped_saves) == (4, 0)
+    finally:
+        worker.close()
+
+
+def test_a_save_queue_smaller_than_a_block_drops_every_save() -> None:
+    stats = TierStats()
+    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=BLOCK_BYTES - 1)
+    worker.register(_caches("blocks_first", random=True), NUM_BLOCKS)
+    try:
+        worker.save(next(_steps(1, 2)))
+        worker.flush()
+        assert (stats.saved_blocks, stats.dropped_saves) == (0, 2)
+    finally:
+        worker.close()

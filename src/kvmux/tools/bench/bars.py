@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from kvmux.tools.bench.saving import round_costs
+from kvmux.tools.bench.saving import pair_costs
 from kvmux.tools.bench.warm import warm_ratios
 
 __all__ = ["evaluate_bars", "format_bars"]
@@ -67,12 +67,12 @@ def evaluate_bars(results: dict[str, Any]) -> list[dict[str, Any]]:
         bars.append(_bar(name, row.get("ratio"), floor, "above"))
     noreuse = results.get("no_reuse", [])
     layout = "multi-process"  # vLLM's default: vllm serve's and LLM's
-    costs = round_costs(noreuse, "kvmux-mux-redis", layout)
-    pairs = len({r.get("session", 0) for r in noreuse if r.get("layout") == layout})
+    costs = pair_costs(noreuse, "kvmux-mux-redis", layout)
+    engine_pairs = len({r.get("session", 0) for r in noreuse if r.get("layout") == layout})
     bars.append(
         _bar(
-            f"saving cost ({layout}, median of {len(costs)} alternating rounds, "
-            f"{pairs} engine pairs): "
+            f"saving cost ({layout}, median of {len(costs)} pairs of rounds in both orders, "
+            f"{engine_pairs} engine pairs): "
             "1 - throughput(kvmux all tiers) / throughput(none)",
             statistics.median(costs) if costs else None,
             0.05,

@@ -32,7 +32,7 @@ class BenchPlan:
     chat_turns: int = 5  # workload (e): turns of each, the model's replies fed back
     chat_user_tokens: int = 100  # workload (e): tokens of each user turn (system prompt apart)
     chat_reply_tokens: int = 160  # workload (e): tokens of each reply
-    saving_rounds: int = 2  # workload (c): turns of each engine (none, kvmux), side by side
+    saving_rounds: int = 2  # workload (c): turns of each engine side by side (even: pairs count)
     saving_sessions: int = 1  # workload (c), vLLM's default layout: fresh engine pairs
     warm_repeats: int = 1  # workload (a): warm requests per prompt, their median reported
     warm_rounds: int = 2  # warm TTFT side by side (the bar): turns of each engine
@@ -81,7 +81,7 @@ FULL = BenchPlan(
     noreuse_max_tokens=32,
     overhead_children=(1, 2, 4),
     store_entries=128,
-    saving_rounds=3,
+    saving_rounds=4,
     saving_sessions=3,
     warm_repeats=3,
     warm_rounds=7,

@@ -1,11 +1,16 @@
 """Workload (c), the saving cost: an engine with kvmux and one without, side by side.
 
-Both take turns (``turns.py``), each turn a batch of distinct prompts; the cost is the
-median over the rounds of 1 - throughput(kvmux) / throughput(none).
+Both take turns (``turns.py``), each turn a batch of distinct prompts, the order reversed
+every other round. An engine runs faster in the second of its two turns in a row (a
+round's first turn follows its own last one) than in a turn right after the other
+engine: a round alone leans by that much to one side or the other. So the cost is taken
+over pairs of rounds, one of each order: 1 - the pair's geometric mean throughput with
+kvmux / without; the bar is the median over the pairs.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvmux.tools.bench.turns import BenchRunner, Steps, take_turns
@@ -14,6 +19,7 @@ __all__ = [
     "LAYOUTS",
     "SAVING_CONFIGS",
     "noreuse_seed",
+    "pair_costs",
     "round_costs",
     "saving_rounds",
     "warm_round",
@@ -58,6 +64,8 @@ def saving_rounds(
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     if rounds < 1 or sessions < 1 or sessions * rounds > warm_round(sessions - 1):
         raise ValueError(f"{sessions} sessions of {rounds} rounds: too few or too many")
+    if rounds % 2:
+        raise ValueError(f"{rounds} rounds: an even number is needed (costs count pairs)")
     rows: list[dict[str, Any]] = []
     for session in range(sessions):
         rows += _session(runner, layout, rounds, configs, session)
@@ -122,3 +130,31 @@ def round_costs(
         for round_ in rounds
         if (config, round_) in throughput and (baseline, round_) in throughput
     ]
+
+
+def pair_costs(
+    rows: list[dict[str, Any]], config: str, layout: str, baseline: str = SAVING_CONFIGS[0]
+) -> list[float]:
+    """1 - geometric mean throughput(config) / that of ``baseline``, per pair of rounds.
+
+    A pair is two consecutive rounds of one engine pair (``session``), one in each order,
+    so that the lead of an engine's second turn in a row cancels out; a pair that lacks a
+    measurement is left out.
+    """
+    throughput = {
+        (r["config"], r.get("session", 0), r["round"]): r["throughput_tok_s"]
+        for r in rows
+        if r.get("layout") == layout and "error" not in r and "round" in r
+    }
+    costs = []
+    for session in sorted({s for _, s, _ in throughput}):
+        rounds = sorted({r for _, s, r in throughput if s == session})
+        for first, second in zip(rounds[::2], rounds[1::2], strict=False):
+            keys = [(c, session, r) for c in (config, baseline) for r in (first, second)]
+            if all(key in throughput for key in keys):
+                measured, base = (
+                    throughput[keys[0]] * throughput[keys[1]],
+                    throughput[keys[2]] * throughput[keys[3]],
+                )
+                costs.append(1 - math.sqrt(measured / base))
+    return costs
