@@ -6,10 +6,11 @@ is treated as an opaque unit and copied whole, on the device of the KV tensors.
 
 The same calls serve a KV cache in host memory and one on a GPU. On the host, a copy is
 done when the call returns. On CUDA (written for it, not run in CI: see
-``scripts/gpu_check.sh``), as in vLLM's kv_offload worker: saves are gathered per layer
-on a stream of their own, after an event that marks the forward pass's writes, into
-pinned host memory, and the host never waits for them; the forward stream waits for the
-copy's event before it touches the KV cache again (blocks may be reused). Loads stage
+``scripts/gpu_check.sh``), as in vLLM's kv_offload worker: saves go through a tier's
+staging slots (``slab.HostSlab``, pinned), gathered per layer on a stream of their own
+after an event that marks the forward pass's writes, and the host never waits for
+them; the forward stream waits for the copy's event before it touches the KV cache
+again (blocks may be reused). Loads stage
 each layer's blocks in pinned memory and copy them in with one transfer and one
 ``index_copy_`` per layer on the current stream (the loader's own stream for
 asynchronous loads), so nothing but the GPU orders them before the forward pass.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import numpy
 import torch
@@ -28,7 +28,7 @@ import torch
 from kvmux.codec import DecodedEntry, LayerSpec
 from kvmux.errors import CorruptEntry
 
-__all__ = ["BlockMover", "CopyStream", "HostCopies", "group_movers"]
+__all__ = ["BlockMover", "CopyStream", "group_movers"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -55,22 +55,6 @@ def _block_dim(tensor: torch.Tensor, num_blocks: int | None) -> int:
     return 0
 
 
-class HostCopies:
-    """Host copies of some blocks, one tensor per layer, perhaps still in flight (CUDA)."""
-
-    def __init__(self, tensors: list[torch.Tensor], done: Any = None):
-        self._tensors = tensors
-        self._done = done  # a torch.cuda.Event recorded after the copies, or None
-
-    def wait(self) -> list[torch.Tensor]:
-        """The copies, once they have landed (blocks the calling thread, never the GPU)."""
-        done = self._done
-        if done is not None:
-            done.synchronize()
-            self._done = None
-        return self._tensors
-
-
 class BlockMover:
     """Copies whole blocks of every layer out to host tensors and back in."""
 
@@ -86,7 +70,6 @@ class BlockMover:
         self.layer_specs = tuple(specs)
         self.device = self._layers[0].device if self._layers else torch.device("cpu")
         self._on_gpu = self.device.type == "cuda"
-        self._save_stream: Any = None  # made at the first save from a GPU cache
 
     @property
     def kv_layers(self) -> list[tuple[torch.Tensor, int]]:
@@ -94,42 +77,16 @@ class BlockMover:
         return list(zip(self._layers, self._dims, strict=True))
 
     def copy_out(self, block_ids: Sequence[int]) -> list[torch.Tensor]:
-        """Host copies, one per layer, shaped ``[len(block_ids), *block_shape]``."""
-        return self.start_copy_out(block_ids).wait()
+        """Host copies, one per layer, shaped ``[len(block_ids), *block_shape]`` (synchronous).
 
-    def start_copy_out(self, block_ids: Sequence[int]) -> HostCopies:
-        """Start copying the blocks out, one host tensor per layer; ``wait`` for them."""
-        if self._on_gpu:
-            return self._gpu_copy_out(block_ids)
-        index = torch.tensor(list(block_ids), dtype=torch.long)
-        copies = [
-            tensor.index_select(dim, index).movedim(dim, 0).contiguous()
+        Saves go through a tier's staging slots (``HostSlab``); this reads blocks back
+        whole, for checks.
+        """
+        index = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+        return [
+            tensor.index_select(dim, index).movedim(dim, 0).contiguous().cpu()
             for tensor, dim in zip(self._layers, self._dims, strict=True)
         ]
-        return HostCopies(copies)
-
-    def _gpu_copy_out(self, block_ids: Sequence[int]) -> HostCopies:
-        """One gather and one device-to-host copy per layer on the save stream."""
-        if self._save_stream is None:
-            self._save_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        forward = torch.cuda.current_stream(self.device)
-        written = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        written.record(forward)  # the forward pass's writes into the KV cache
-        stream = self._save_stream
-        copies = []
-        with torch.cuda.stream(stream):
-            stream.wait_event(written)
-            index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=True)
-            index = index.to(self.device, non_blocking=True)
-            for tensor, dim in zip(self._layers, self._dims, strict=True):
-                picked = tensor.index_select(dim, index).movedim(dim, 0)
-                host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
-                host.copy_(picked, non_blocking=True)
-                copies.append(host)
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(stream)
-        forward.wait_event(done)  # later kernels may reuse the blocks: after the copy
-        return HostCopies(copies, done)
 
     @staticmethod
     def block_parts(copies: Sequence[torch.Tensor], row: int) -> list[memoryview]:

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _READERS = 4
 UNVERIFIED_KEPT = 4096  # keys of entries that failed verification, remembered to replace
+MAX_STAGING_SLOTS = 16384  # blocks a save queue holds at most (tiny blocks: fewer bytes)
 
 
 def _nbytes(parts: ValueParts) -> int:
@@ -89,6 +90,7 @@ class TierWorker(WorkerBase):
         self._group_bytes: list[int] = []  # host bytes of one block of each group's layers
         self._staging: HostSlab | None = None  # slots saves are copied into (the save queue)
         self._free_slots: list[int] = []  # guarded by _lock
+        self._free_sorted = True  # whether _free_slots is in order; guarded by _lock
         # entries that failed verification: replaced when the block is saved again
         # (insertion-ordered, the oldest forgotten past UNVERIFIED_KEPT); guarded by
         # _lock (loads note them on loader threads, the writer thread reads them)
@@ -116,6 +118,7 @@ class TierWorker(WorkerBase):
         # as many slots as blocks of the smallest group fit in the save queue (a slot holds
         # a block of any group; vLLM's groups are of one size, the queue's bytes then)
         slots = self._save_queue // max(1, min(self._group_bytes, default=1))
+        slots = min(slots, MAX_STAGING_SLOTS)
         if self._movers and slots:
             self._staging = HostSlab(self._movers, slots)
             self._free_slots = list(range(slots))
@@ -268,7 +271,9 @@ class TierWorker(WorkerBase):
                     break
                 count += 1
             admitted, dropped = saves[:count], saves[count:]
-            self._free_slots.sort()  # the lowest first: runs of slots, fewer copies
+            if not self._free_sorted:  # the lowest first: runs of slots, fewer copies
+                self._free_slots.sort()
+                self._free_sorted = True
             slots, self._free_slots = self._free_slots[:count], self._free_slots[count:]
             self._queued_bytes += sum(map(self._bytes_of, admitted))
             queued = self._queued_bytes
@@ -288,7 +293,9 @@ class TierWorker(WorkerBase):
         """Give back the staging slots and queued bytes of a save batch written (or not)."""
         with self._lock:
             self._queued_bytes -= queued
-            self._free_slots += slots
+            if slots:
+                self._free_slots += slots
+                self._free_sorted = False
 
     def _bytes_of(self, transfer: BlockTransfer) -> int:
         return self._group_bytes[transfer.group]
@@ -400,4 +407,5 @@ class TierWorker(WorkerBase):
         super().close()
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
+        self._staging = None  # the save queue's host memory goes with the last save
         self._store.close()

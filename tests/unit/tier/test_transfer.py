@@ -134,15 +134,13 @@ DEVICES = [
 def test_batched_copies_round_trip_on_every_device(
     layout: str, device: str, dtype: torch.dtype
 ) -> None:
-    """start_copy_out, then copy_in_many, move exactly the listed blocks and nothing else."""
+    """copy_out, then copy_in_many, move exactly the listed blocks and nothing else."""
     source = {k: v.to(device) for k, v in _caches(layout, seed=2, dtype=dtype).items()}
     target = {k: v.to(device) for k, v in _caches(layout, seed=None, dtype=dtype).items()}
     dim = _dim(layout)
     out_mover, in_mover = BlockMover(source, NUM_BLOCKS), BlockMover(target, NUM_BLOCKS)
-    pending = out_mover.start_copy_out([1, 3, 0])
-    copies = pending.wait()
+    copies = out_mover.copy_out([1, 3, 0])
     assert all(c.device.type == "cpu" for c in copies)
-    assert pending.wait() is copies  # waiting again returns the same copies
     entries = []
     for row in range(3):
         data = codec.encode(NS, KEY, out_mover.layer_specs, BlockMover.block_parts(copies, row))
