@@ -137,9 +137,9 @@ def pair_costs(
 ) -> list[float]:
     """1 - geometric mean throughput(config) / that of ``baseline``, per pair of rounds.
 
-    A pair is two consecutive rounds of one engine pair (``session``), one in each order,
-    so that the lead of an engine's second turn in a row cancels out; a pair that lacks a
-    measurement is left out.
+    A pair is rounds ``2k`` and ``2k + 1`` of one engine pair (``session``), one in each
+    order, so that the lead of an engine's second turn in a row cancels out; a pair that
+    lacks a measurement is left out.
     """
     throughput = {
         (r["config"], r.get("session", 0), r["round"]): r["throughput_tok_s"]
@@ -148,9 +148,9 @@ def pair_costs(
     }
     costs = []
     for session in sorted({s for _, s, _ in throughput}):
-        rounds = sorted({r for _, s, r in throughput if s == session})
-        for first, second in zip(rounds[::2], rounds[1::2], strict=False):
-            keys = [(c, session, r) for c in (config, baseline) for r in (first, second)]
+        firsts = sorted({r for _, s, r in throughput if s == session and r % 2 == 0})
+        for first in firsts:
+            keys = [(c, session, r) for c in (config, baseline) for r in (first, first + 1)]
             if all(key in throughput for key in keys):
                 measured, base = (
                     throughput[keys[0]] * throughput[keys[1]],

@@ -155,3 +155,12 @@ def test_every_saving_round_sees_prompts_no_earlier_round_saved() -> None:
 def test_an_unknown_layout_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown layout 'x'"):
         saving_rounds(TurnTakingRunner({}), "x", 2)
+
+
+def test_a_round_lost_on_both_sides_never_pairs_two_rounds_of_one_order() -> None:
+    mp = "multi-process"
+    rows = [
+        *(_row("none", mp, 0, r, 100.0) for r in (0, 2, 3)),
+        *(_row("kvmux-mux-redis", mp, 0, r, t) for r, t in ((0, 50.0), (2, 90.0), (3, 90.0))),
+    ]
+    assert pair_costs(rows, "kvmux-mux-redis", mp) == pytest.approx([0.1])  # rounds 2 and 3
