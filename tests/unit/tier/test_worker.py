@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from kvmux import codec  # noqa: E402
 from kvmux.codec import SigningKeys  # noqa: E402
+from kvmux.config import DEFAULT_SAVE_QUEUE  # noqa: E402
 from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
@@ -56,8 +57,10 @@ def make_worker() -> Iterator[MakeWorker]:
         namespace: bytes = NS,
         rank: int = 0,
         stats: TierStats | None = None,
+        save_queue: int = DEFAULT_SAVE_QUEUE,
     ) -> TierWorker:
-        worker = TierWorker(store, namespace, rank, stats if stats is not None else TierStats())
+        stats = stats if stats is not None else TierStats()
+        worker = TierWorker(store, namespace, rank, stats, save_queue=save_queue)
         if caches is not None:
             worker.register(caches, NUM_BLOCKS)
         workers.append(worker)
@@ -539,79 +542,74 @@ def test_saves_the_store_refused_are_reported_so_the_index_forgets_them(
 BLOCK_BYTES = 2 * 2 * 4 * 8 * 4  # a block of the two (2, 4, 8) float32 layers of _caches
 
 
-def test_staging_slots_are_reused_and_each_save_keeps_its_own_bytes(layout: str) -> None:
+def _save_each(worker: TierWorker, plans: Iterable[TierStepPlan]) -> None:
+    """Save the plans one after the other, each written before the next."""
+    for plan in plans:
+        worker.save(plan)
+        worker.flush()
+
+
+def test_staging_slots_are_reused_and_each_save_keeps_its_own_bytes(
+    layout: str, make_worker: MakeWorker
+) -> None:
     caches = _caches(layout, random=True)
     stats = TierStats()
-    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=2 * BLOCK_BYTES)
-    worker.register(caches, NUM_BLOCKS)
+    worker = make_worker(MemoryStore(1 << 20), caches, stats=stats, save_queue=2 * BLOCK_BYTES)
     saved: dict[BlockKey, list[torch.Tensor]] = {}
-    try:
-        for plan in _steps(6, 2):  # six saves of the same two blocks through two slots
-            for tensor in caches.values():
-                tensor.normal_()
-            for transfer in plan.saves:
-                saved[transfer.key] = [
-                    _block(t, layout, transfer.block_id).clone() for t in caches.values()
-                ]
-            worker.save(plan)
-            worker.flush()
-        assert (stats.saved_blocks, stats.dropped_saves) == (12, 0)
-        for key, expected in saved.items():
-            for tensor in caches.values():
-                tensor.zero_()
-            worker.load([BlockTransfer(key, 4)])
-            assert worker.take_load_errors() == set()
-            for tensor, block in zip(caches.values(), expected, strict=True):
-                assert torch.equal(_block(tensor, layout, 4), block)
-    finally:
-        worker.close()
+    for plan in _steps(6, 2):  # six saves of the same two blocks through two slots
+        for tensor in caches.values():
+            tensor.normal_()
+        for transfer in plan.saves:
+            saved[transfer.key] = [
+                _block(t, layout, transfer.block_id).clone() for t in caches.values()
+            ]
+        _save_each(worker, [plan])
+    assert (stats.saved_blocks, stats.dropped_saves) == (12, 0)
+    for key, expected in saved.items():
+        for tensor in caches.values():
+            tensor.zero_()
+        worker.load([BlockTransfer(key, 4)])
+        assert worker.take_load_errors() == set()
+        for tensor, block in zip(caches.values(), expected, strict=True):
+            assert torch.equal(_block(tensor, layout, 4), block)
 
 
-def test_a_failed_write_gives_its_staging_slots_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def _two_slot_worker(make_worker: MakeWorker, stats: TierStats) -> TierWorker:
+    caches = _caches("blocks_first", random=True)
+    return make_worker(MemoryStore(1 << 20), caches, stats=stats, save_queue=2 * BLOCK_BYTES)
+
+
+def test_a_failed_write_gives_its_staging_slots_back(
+    monkeypatch: pytest.MonkeyPatch, make_worker: MakeWorker
+) -> None:
     stats = TierStats()
-    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=2 * BLOCK_BYTES)
-    worker.register(_caches("blocks_first", random=True), NUM_BLOCKS)
-    try:
-        with monkeypatch.context() as patch:
-            patch.setattr(worker, "_encode", lambda *_: (_ for _ in ()).throw(ValueError("bug")))
-            for plan in _steps(3, 2):
-                worker.save(plan)
-                worker.flush()
-        assert (stats.save_errors, stats.dropped_saves) == (6, 0)
-        for plan in _steps(2, 2):
-            worker.save(plan)
-            worker.flush()
-        assert (stats.saved_blocks, stats.dropped_saves) == (4, 0)
-    finally:
-        worker.close()
+    worker = _two_slot_worker(make_worker, stats)
+    with monkeypatch.context() as patch:
+        patch.setattr(worker, "_encode", lambda *_: (_ for _ in ()).throw(ValueError("bug")))
+        _save_each(worker, _steps(3, 2))
+    assert (stats.save_errors, stats.dropped_saves) == (6, 0)
+    _save_each(worker, _steps(2, 2))
+    assert (stats.saved_blocks, stats.dropped_saves) == (4, 0)
 
 
-def test_a_failed_copy_out_gives_its_staging_slots_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_copy_out_gives_its_staging_slots_back(
+    monkeypatch: pytest.MonkeyPatch, make_worker: MakeWorker
+) -> None:
     stats = TierStats()
-    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=2 * BLOCK_BYTES)
-    worker.register(_caches("blocks_first", random=True), NUM_BLOCKS)
-    try:
-        staging = worker._staging
-        assert staging is not None
-        with monkeypatch.context() as patch:
-            patch.setattr(staging, "save", lambda *_: (_ for _ in ()).throw(RuntimeError("bug")))
-            with pytest.raises(RuntimeError, match="bug"):
-                worker.save(next(_steps(1, 2)))
-        for plan in _steps(2, 2):
-            worker.save(plan)
-            worker.flush()
-        assert (stats.saved_blocks, stats.dropped_saves) == (4, 0)
-    finally:
-        worker.close()
+    worker = _two_slot_worker(make_worker, stats)
+    staging = worker._staging
+    assert staging is not None
+    with monkeypatch.context() as patch:
+        patch.setattr(staging, "save", lambda *_: (_ for _ in ()).throw(RuntimeError("bug")))
+        with pytest.raises(RuntimeError, match="bug"):
+            worker.save(next(_steps(1, 2)))
+    _save_each(worker, _steps(2, 2))
+    assert (stats.saved_blocks, stats.dropped_saves) == (4, 0)
 
 
-def test_a_save_queue_smaller_than_a_block_drops_every_save() -> None:
+def test_a_save_queue_smaller_than_a_block_drops_every_save(make_worker: MakeWorker) -> None:
     stats = TierStats()
-    worker = TierWorker(MemoryStore(1 << 20), NS, 0, stats, save_queue=BLOCK_BYTES - 1)
-    worker.register(_caches("blocks_first", random=True), NUM_BLOCKS)
-    try:
-        worker.save(next(_steps(1, 2)))
-        worker.flush()
-        assert (stats.saved_blocks, stats.dropped_saves) == (0, 2)
-    finally:
-        worker.close()
+    caches = _caches("blocks_first", random=True)
+    worker = make_worker(MemoryStore(1 << 20), caches, stats=stats, save_queue=BLOCK_BYTES - 1)
+    _save_each(worker, _steps(1, 2))
+    assert (stats.saved_blocks, stats.dropped_saves) == (0, 2)
