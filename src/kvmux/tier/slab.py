@@ -98,15 +98,6 @@ def _round_up(size: int) -> int:
     return -(-size // ROW_ALIGN) * ROW_ALIGN
 
 
-def _widths(movers: Sequence[BlockMover]) -> list[int]:
-    """Bytes of each layer position of a slot: the widest group's layer there, aligned."""
-    positions = max((len(m.layer_specs) for m in movers), default=0)
-    return [
-        _round_up(max(m.layer_specs[p].nbytes for m in movers if p < len(m.layer_specs)))
-        for p in range(positions)
-    ]
-
-
 @dataclass(frozen=True)
 class _Layer:
     """One layer of a group: its KV cache (wide view), block dimension and slab view."""
@@ -120,7 +111,11 @@ class HostSlab:
     """Host memory for ``slots`` blocks of every KV cache group, allocated once."""
 
     def __init__(self, movers: Sequence[BlockMover], slots: int):
-        widths = _widths(movers)
+        positions = max((len(m.layer_specs) for m in movers), default=0)
+        widths = [
+            _round_up(max(m.layer_specs[p].nbytes for m in movers if p < len(m.layer_specs)))
+            for p in range(positions)
+        ]
         self.device = movers[0].device if movers else torch.device("cpu")
         self._on_gpu = self.device.type == "cuda"
         self.slots = slots
@@ -132,7 +127,7 @@ class HostSlab:
         ]
         self._groups = [self._group_layers(mover) for mover in movers]
         self._layer_bytes = [[spec.nbytes for spec in mover.layer_specs] for mover in movers]
-        self._block_bytes = [sum(s.nbytes for s in mover.layer_specs) for mover in movers]
+        self._block_bytes = [sum(layers) for layers in self._layer_bytes]
         self._save_stream: Any = None  # made at the first save from a GPU cache
         self._saved: Any = None  # CUDA event after the last save's copies
         self._loaded: Any = None  # CUDA event after the last load's copies
