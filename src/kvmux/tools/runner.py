@@ -13,6 +13,7 @@ returns those published since the last one.
 
 from __future__ import annotations
 
+import inspect
 import json
 import operator
 import os
@@ -179,12 +180,20 @@ def _sleep(step: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-SCHEDULER_HOOKS = (
+SCHEDULER_HOOKS = (  # every hook vLLM's scheduler calls on its connector
+    "on_new_request",
     "get_num_new_matched_tokens",
     "update_state_after_alloc",
+    "get_loaded_kv_cache_group_ids",
+    "get_external_cache_hit_sources",
+    "has_pending_block_frees",
     "build_connector_meta",
     "update_connector_output",
+    "take_events",
+    "has_pending_push_work",
+    "register_finished_partial_tail",
     "request_finished",
+    "request_finished_all_groups",
 )
 WORKER_HOOKS = (
     "bind_connector_metadata",
@@ -202,14 +211,19 @@ _hook_seconds: dict[str, float] = {}
 
 
 def _timed(obj: Any, name: str, bucket: str) -> None:
-    original = getattr(obj, name)
+    original = getattr(obj, name, None)
+    if original is None:  # a hook this vLLM release does not have
+        return
     per_hook = f"{bucket}/{name}"  # the keys once here: the wrapper's own time is charged
     calls = f"{per_hook}/calls"  # to the connector that calls it
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if inspect.isgenerator(result):  # run it here: the caller iterates it anyway
+                result = list(result)
+            return result
         finally:
             elapsed = time.perf_counter() - started
             _hook_seconds[bucket] = _hook_seconds.get(bucket, 0.0) + elapsed
