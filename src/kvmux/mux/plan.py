@@ -31,7 +31,8 @@ class MuxStepPlan:
     )
 
     def __init__(self) -> None:
-        self.load_blocks: dict[int, list[int]] = {}  # child -> blocks it loads
+        # child -> blocks it loads; None: the child's own metadata names them (a kvmux tier)
+        self.load_blocks: dict[int, list[int] | None] = {}
         self.failed_blocks = _NO_BLOCKS  # blocks whose loader already failed
         self.async_loaders = _NO_REQUESTS  # req -> children loading it
         self.async_savers = _NO_REQUESTS  # req -> children saving it
@@ -71,8 +72,8 @@ class MuxStepPlan:
         if self.cut_off is _NO_CHILDREN:
             self.cut_off = set()
         self.cut_off.add(child)
-        if child in self.load_blocks:
-            self.add_failed(self.load_blocks.pop(child))
+        if child in self.load_blocks:  # the scheduler has read the ids of a None by now
+            self.add_failed(self.load_blocks.pop(child) or ())
         for req_id, loaders in self.async_loaders.items():
             if child in loaders:
                 loaders.discard(child)

@@ -63,6 +63,12 @@ class MuxScheduler:
         # request (failed_recving), so only asynchronous offers are taken
         self.async_only = async_only
         self._declined: set[int] = set()  # children whose synchronous offer was declined
+        # children whose metadata names the blocks they load (``kvmux_load_blocks``): the
+        # plan holds None for them, and the ids are read only if such a child fails
+        self._named = [hasattr(c, "kvmux_load_blocks") for c in children]
+        # this step's loads of those children: (child, blocks, first, end), read only if
+        # the child has no metadata or is cut off when the step is taken
+        self._unread: list[tuple[int, Any, int, int]] = []
 
     def _answer(self, i: int, request: Any, start: int) -> tuple[int | None, bool]:
         """Child ``i``'s offer from ``start`` on, guarded; a lookup counted."""
@@ -197,19 +203,15 @@ class MuxScheduler:
             except Exception as exc:
                 guard.fail("update_state_after_alloc", exc)
         size = self.block_size
-        owned = _owned_blocks(blocks, start // size, -(-(start + tokens) // size))
+        first, end = start // size, -(-(start + tokens) // size)
         step = self._step
         if step is None:
             step = self._step = MuxStepPlan()
         if loads:
             self.guards[loader].hit_tokens += tokens
-            known = step.load_blocks.get(loader)
-            if known is None:
-                step.load_blocks[loader] = owned
-            else:
-                known.extend(owned)
+            self._own(step, loader, blocks, first, end)
         else:
-            step.add_failed(owned)
+            step.add_failed(_owned_blocks(blocks, first, end))
             if is_async:
                 step.fail_load(request.request_id)
         if is_async:
@@ -238,13 +240,13 @@ class MuxScheduler:
                 told = False
             if share is None:
                 continue
-            owned = _owned_blocks(blocks, share.start // size, -(-share.end // size))
+            first, end = share.start // size, -(-share.end // size)
             loads = told and not cut_off
             if loads:
                 guard.hit_tokens += tokens
-                step.load_blocks.setdefault(i, []).extend(owned)
+                self._own(step, i, blocks, first, end)
             else:
-                step.add_failed(owned)
+                step.add_failed(_owned_blocks(blocks, first, end))
                 if share.is_async:
                     step.fail_load(request.request_id)
             if share.is_async:
@@ -253,6 +255,19 @@ class MuxScheduler:
                     loaders.add(i)
         if loaders is not None:
             step.expect_loaders(request.request_id, loaders)
+
+    def _own(self, step: MuxStepPlan, i: int, blocks: Any, first: int, end: int) -> None:
+        """Child ``i`` loads blocks ``first`` to ``end`` of ``blocks`` in this step."""
+        if self._named[i]:  # its metadata names them: read only if it fails
+            step.load_blocks[i] = None
+            self._unread.append((i, blocks, first, end))
+            return
+        owned = _owned_blocks(blocks, first, end)
+        known = step.load_blocks.get(i)
+        if known is None:
+            step.load_blocks[i] = owned
+        else:
+            known.extend(owned)
 
     def _current(self) -> MuxStepPlan:
         """This step's plan, made when the first thing is put in it."""
@@ -268,16 +283,31 @@ class MuxScheduler:
         with nothing in it is ``EMPTY_STEP``.
         """
         step, self._step = self._step, None
+        unread = self._unread
+        if unread:
+            self._unread = []
         for i, _, guard in self._indexed:  # not ``None in``: that compares every metadata
             if child_metas[i] is None or (not guard.closed and guard.cut_off()):
-                step = self._cut_off(step, child_metas)
+                step = self._cut_off(step, child_metas, unread)
                 break
         return EMPTY_STEP if step is None else step
 
-    def _cut_off(self, step: MuxStepPlan | None, child_metas: Sequence[Any | None]) -> MuxStepPlan:
+    def _cut_off(
+        self,
+        step: MuxStepPlan | None,
+        child_metas: Sequence[Any | None],
+        unread: list[tuple[int, Any, int, int]],
+    ) -> MuxStepPlan:
         step = step or MuxStepPlan()
         for i, meta in enumerate(child_metas):
             if meta is None or self.guards[i].cut_off():
+                if i in step.load_blocks and step.load_blocks[i] is None:
+                    step.load_blocks[i] = [
+                        block
+                        for child, blocks, first, end in unread
+                        if child == i
+                        for block in _owned_blocks(blocks, first, end)
+                    ]
                 step.fail_child(i)
         return step
 

@@ -69,6 +69,7 @@ class MuxWorker:
         self.recving = FinishTracker()
         self.sending = FinishTracker()
         self._step = EMPTY_STEP  # read, never changed: a step with nothing in it is shared
+        self._metas: Sequence[Any | None] = ()  # the children's metadata of this step
         # this step's children: holding its metadata, taking part in its loads, in its saves
         # (each list is replaced, never changed, so a loop over it survives a failure)
         self._bound: Sequence[Child] = _NONE
@@ -114,6 +115,7 @@ class MuxWorker:
     def begin_step(self, plan: MuxStepPlan, child_metas: Sequence[Any | None]) -> None:
         """Bind each child's metadata; children unbound or cut off lose their loads."""
         self._step = plan
+        self._metas = child_metas
         if self._lost:
             self._lost = set()
         if plan is not EMPTY_STEP:
@@ -199,6 +201,8 @@ class MuxWorker:
             return
         self._lost.add(i)
         lost = self._step.load_blocks.get(i)
+        if lost is None and i in self._step.load_blocks:  # its metadata names them
+            lost = self.children[i].kvmux_load_blocks(self._metas[i])
         if lost:
             self.guards[i].note("load_errors", len(lost))
             self._load_errors.update(lost)

@@ -113,6 +113,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self._all = [(i, c, g) for i, (c, g) in enumerate(self._pairs)]
         # per hook whose base implementation does nothing: the children that override it
         self._callers = {hook: _overriding(self._all, hook) for hook in BASE_NO_OPS}
+        self._finishers = [(c, g, supports_hma(c)) for c, g in self._pairs]
         self._stats_sources = [(c, g, self._child_paths[g.label]) for c, g in self._pairs]
         self._last_stats_log = time.monotonic()
         self._counters_due = 0.0  # when the mux's own counters are next reported
@@ -357,13 +358,16 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         """HMA variant: children that support HMA get all groups, others group 0."""
-
-        def finish(c: Any) -> tuple[bool, dict[str, Any] | None]:
-            if supports_hma(c):
-                return c.request_finished_all_groups(request, block_ids)  # type: ignore[no-any-return]
-            return c.request_finished(request, block_ids[0])  # type: ignore[no-any-return]
-
-        results = self._each_call("request_finished_all_groups", finish, (False, None))
+        results: list[tuple[bool, dict[str, Any] | None]] = []
+        for child, guard, hma in self._finishers:
+            try:
+                if hma:
+                    results.append(child.request_finished_all_groups(request, block_ids))  # type: ignore[attr-defined]
+                else:
+                    results.append(child.request_finished(request, block_ids[0]))
+            except Exception as exc:
+                guard.fail("request_finished_all_groups", exc)
+                results.append(_NOT_FINISHED)
         self._last_finished()
         return self._scheduler.finished(request.request_id, results)
 
@@ -389,17 +393,16 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def take_events(self) -> Iterable[Any]:
-        """Events of every child."""
-        callers = self._callers["take_events"]
-        if not callers:
-            return ()
-        found: list[Any] = []
-        for _, child, guard in callers:
+        """Events of every child (a list only when there are some)."""
+        found: list[Any] | None = None
+        for _, child, guard in self._callers["take_events"]:
             try:
-                found.extend(child.take_events())
+                events = child.take_events()
+                if events:  # a generator is true even when empty: it then adds nothing
+                    found = list(events) if found is None else found + list(events)
             except Exception as exc:
                 guard.fail("take_events", exc)
-        return found
+        return () if found is None else found
 
     def has_pending_block_frees(self) -> bool:
         """True if any child will free blocks soon."""

@@ -341,6 +341,15 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         if plan is not None:
             self._worker.save(plan)
 
+    @staticmethod
+    def kvmux_load_blocks(meta: KVConnectorMetadata) -> list[int]:
+        """Ids of the blocks ``meta`` loads, for a MuxConnector to name if this tier fails."""
+        assert isinstance(meta, StoreConnectorMetadata)
+        plan = meta.plan
+        ids = [t.block_id for t in plan.loads]
+        ids += [t.block_id for load in plan.async_loads for t in load.transfers]
+        return ids
+
     def kvmux_drop_saves_over(self, block_ids: set[int]) -> None:
         """Blocks a sibling failed to load this step: save nothing computed over them."""
         if self._worker is not None:

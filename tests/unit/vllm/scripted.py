@@ -75,6 +75,7 @@ class ScriptedMetadata(KVConnectorMetadata):
     name: str
     step: int
     loads: list[tuple[str, int]] = field(default_factory=list)  # (req_id, tokens)
+    named: list[int] = field(default_factory=list)  # block ids it names as its loads
 
 
 @dataclass
@@ -167,6 +168,12 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._loads: list[tuple[str, int]] = []
         self._step = 0
         self._record("__init__", self.kv_transfer_config)
+        if "names_loads" in self.script:  # its metadata names its loads, as a kvmux tier's
+            self.kvmux_load_blocks = self._named_loads
+
+    @staticmethod
+    def _named_loads(meta: ScriptedMetadata) -> list[int]:
+        return list(meta.named)
 
     # -- helpers -----------------------------------------------------------------
 
@@ -223,7 +230,8 @@ class ScriptedConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         self._record("build_connector_meta", scheduler_output)
         self._step += 1
-        meta = ScriptedMetadata(self.name, self._step, self._loads)
+        named = list(self.script.get("names_loads", [])) if self._loads else []
+        meta = ScriptedMetadata(self.name, self._step, self._loads, named)
         self._loads = []
         return meta
 

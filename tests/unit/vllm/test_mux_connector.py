@@ -667,6 +667,31 @@ def test_blocks_of_a_child_that_failed_to_bind_are_load_errors() -> None:
     assert args_of("a", "start_load_kv") == []
 
 
+def test_a_child_naming_its_loads_is_asked_for_them_only_when_it_fails() -> None:
+    engine = compose_engine(a={"names_loads": [101, 102], "raise_in": ["start_load_kv"]})
+    engine.schedule(request(), computed=16)
+    step = engine.step()
+    assert step.meta.plan.load_blocks == {0: None, 1: [103]}  # a's ids are in its metadata
+    assert step.load_errors == {101, 102}
+
+
+def test_a_child_naming_its_loads_without_metadata_has_them_read_from_its_blocks() -> None:
+    engine = compose_engine(a={"names_loads": [999], "raise_in": ["build_connector_meta"]})
+    engine.schedule(request(), computed=16)
+    step = engine.step()
+    assert step.meta.plan.failed_blocks == [101, 102]
+    assert step.load_errors == {101, 102}
+
+
+def test_a_cut_off_child_naming_its_loads_has_them_read_from_its_blocks(clock: Clock) -> None:
+    engine = compose_engine(a={"names_loads": [999]})
+    engine.schedule(request(), computed=16)
+    guard(engine.sched, 0).force_open()
+    meta = engine.meta()
+    assert meta.plan.failed_blocks == [101, 102] and 0 not in meta.plan.load_blocks
+    assert engine.step(meta=meta).load_errors == {101, 102}
+
+
 def test_load_errors_reported_once() -> None:
     engine = compose_engine(a={"raise_in": ["start_load_kv"]})
     engine.schedule(request(), computed=16)

@@ -424,3 +424,13 @@ def test_several_groups_report_a_failed_load_as_a_failed_request(
     meta = connector.build_connector_worker_meta()
     assert isinstance(meta, StoreWorkerMetadata) and meta.failed_loads == {"r": 3}
     connector.shutdown()
+
+
+def test_the_metadata_names_every_block_it_loads() -> None:
+    """What a MuxConnector names as load errors if this tier fails: sync and async loads."""
+    key = block_keys(namespace_id({"unit": 1}), list(range(16)), 16)[0]
+    sync = [BlockTransfer(key, 7), BlockTransfer(key, 8, group=1)]
+    late = RequestLoad("r2", 0, ((BlockTransfer(key, 11),), (BlockTransfer(key, 12),)))
+    meta = StoreConnectorMetadata(TierStepPlan(loads=sync, async_loads=[late]))
+    assert StoreConnector.kvmux_load_blocks(meta) == [7, 8, 11, 12]
+    assert StoreConnector.kvmux_load_blocks(StoreConnectorMetadata()) == []
