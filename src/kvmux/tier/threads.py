@@ -6,7 +6,9 @@ front end. A thread inherits the cores of the thread that starts it, so a helper
 from the engine thread would share the forward pass's cores while the reserved ones
 idle. Each helper thread therefore moves, as it starts, to the cores its process's
 parent may use that the engine thread does not (none spare: it stays), and lowers its
-priority, so that whatever it shares, the forward pass comes first.
+priority, so that whatever it shares, the forward pass comes first. Cores a sibling
+process is bound to (another tensor- or data-parallel worker's forward pass: bound to
+part of the parent's cores) are not spare either.
 
 On an accelerator the worker is not bound: nothing moves, only the priority drops.
 """
@@ -17,17 +19,48 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Iterable
+from pathlib import Path
 
-__all__ = ["HELPER_NICE", "has_spare_core", "in_background", "spare_cores"]
+__all__ = ["HELPER_NICE", "has_spare_core", "in_background", "sibling_cores", "spare_cores"]
 
 log = logging.getLogger(__name__)
 HELPER_NICE = 10  # helper threads' CPU priority (Linux): the forward pass's threads come first
 
 
-def spare_cores(own: set[int], allowed: set[int]) -> set[int]:
-    """The cores of ``allowed`` outside ``own``; ``own`` itself if none are."""
-    spare = allowed - own
-    return spare or own
+def spare_cores(own: set[int], allowed: set[int], siblings: Iterable[set[int]] = ()) -> set[int]:
+    """The cores of ``allowed`` outside ``own`` and outside every sibling bound to part of
+    ``allowed`` (another worker's forward pass); ``own`` itself if none are."""
+    taken = set(own)
+    for cores in siblings:
+        if cores < allowed:  # a sibling with all the parent's cores is not bound
+            taken |= cores
+    return (allowed - taken) or own
+
+
+def sibling_cores() -> list[set[int]]:
+    """The cores of the other processes the parent started (Linux ``/proc``); [] if unknown."""
+    parent, me = os.getppid(), os.getpid()
+    found = []
+    for children in Path(f"/proc/{parent}/task").glob("*/children"):
+        try:
+            pids = children.read_text().split()
+        except OSError:  # a thread that ended, or a kernel without the file
+            continue
+        for pid in map(int, pids):
+            if pid == me:
+                continue
+            try:
+                found.append(os.sched_getaffinity(pid))
+            except OSError:  # ended meanwhile
+                continue
+    return found
+
+
+def _spare_of_this_thread() -> tuple[set[int], set[int]]:
+    """This thread's cores, and the cores a helper of it may move to."""
+    own = os.sched_getaffinity(0)
+    return own, spare_cores(own, os.sched_getaffinity(os.getppid()), sibling_cores())
 
 
 def has_spare_core() -> bool:
@@ -39,8 +72,8 @@ def has_spare_core() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        own = os.sched_getaffinity(0)
-        return spare_cores(own, os.sched_getaffinity(os.getppid())) != own
+        own, spare = _spare_of_this_thread()
+        return spare != own
     except OSError:
         return False
 
@@ -58,8 +91,7 @@ def in_background() -> None:
     except OSError:  # not allowed: normal priority
         log.debug("kvmux: could not lower a helper thread's priority", exc_info=True)
     try:
-        own = os.sched_getaffinity(0)
-        target = spare_cores(own, os.sched_getaffinity(os.getppid()))
+        own, target = _spare_of_this_thread()
         if target != own:
             os.sched_setaffinity(0, target)
     except OSError:  # the parent is gone or not ours to read: the thread stays

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import threading
 
 import pytest
 
-from kvmux.tier.threads import HELPER_NICE, has_spare_core, in_background, spare_cores
+from kvmux.tier.threads import (
+    HELPER_NICE,
+    has_spare_core,
+    in_background,
+    sibling_cores,
+    spare_cores,
+)
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux affinity")
 
@@ -21,6 +29,38 @@ def test_spare_cores_are_the_allowed_ones_outside_the_engines() -> None:
 def test_without_spare_cores_a_helper_keeps_its_own() -> None:
     assert spare_cores({0, 1}, {0, 1}) == {0, 1}
     assert spare_cores({0}, {0}) == {0}
+
+
+def test_cores_a_sibling_worker_is_bound_to_are_not_spare() -> None:
+    """Another tensor-parallel worker's forward pass runs on the cores it is bound to."""
+    assert spare_cores({0}, {0, 1, 2, 3}, [{1}]) == {2, 3}
+    assert spare_cores({0}, {0, 1, 2, 3}, [{1}, {2, 3}]) == {0}  # none left: its own
+
+
+def test_a_sibling_with_all_the_parents_cores_is_not_bound() -> None:
+    assert spare_cores({0}, {0, 1, 2, 3}, [{0, 1, 2, 3}]) == {1, 2, 3}
+
+
+@linux_only
+def test_sibling_cores_reads_the_other_children_of_the_parent() -> None:
+    """A probe and a sleeper bound to one core, both children of this process."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    bound = {cores[-1]}
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        preexec_fn=lambda: os.sched_setaffinity(0, bound),
+    )
+    try:
+        probe = "import json; from kvmux.tier.threads import sibling_cores as s; "
+        probe += "print(json.dumps([sorted(c) for c in s()]))"
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert sorted(bound) in json.loads(out.stdout)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert all(isinstance(c, set) for c in sibling_cores())
 
 
 def _helper_started_from_a_thread_bound_to(core: int) -> tuple[set[int], int]:
