@@ -11,6 +11,9 @@ process is bound to (another tensor- or data-parallel worker's forward pass: bou
 part of the parent's cores) are not spare either.
 
 On an accelerator the worker is not bound: nothing moves, only the priority drops.
+
+Each helper also takes its Python name as its system name (Linux, 15 characters:
+``kvmux-disk-save``), so ``top -H``, ``ps -L`` and profilers tell it from the engine's.
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["HELPER_NICE", "has_spare_core", "in_background", "sibling_cores", "spare_cores"]
+__all__ = [
+    "HELPER_NICE",
+    "SYSTEM_NAME_LENGTH",
+    "has_spare_core",
+    "in_background",
+    "sibling_cores",
+    "spare_cores",
+]
 
 log = logging.getLogger(__name__)
 HELPER_NICE = 10  # helper threads' CPU priority (Linux): the forward pass's threads come first
+SYSTEM_NAME_LENGTH = 15  # characters of a thread's system name (Linux: 16 bytes with the NUL)
 
 
 def spare_cores(own: set[int], allowed: set[int], siblings: Iterable[set[int]] = ()) -> set[int]:
@@ -79,13 +90,15 @@ def has_spare_core() -> bool:
 
 
 def in_background() -> None:
-    """Move the calling (new) thread off the forward pass's cores and lower its priority.
+    """Move the calling (new) thread off the forward pass's cores, lower its priority and
+    give it its Python name as its system name.
 
-    Linux only; elsewhere, or if the system refuses, the thread keeps its cores and
-    priority.
+    Linux only; elsewhere, or if the system refuses, the thread keeps its cores, priority
+    and name.
     """
     if not sys.platform.startswith("linux"):
         return
+    _name_this_thread(threading.current_thread().name)
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HELPER_NICE)
     except OSError:  # not allowed: normal priority
@@ -96,3 +109,13 @@ def in_background() -> None:
             os.sched_setaffinity(0, target)
     except OSError:  # the parent is gone or not ours to read: the thread stays
         log.debug("kvmux: could not move a helper thread off the engine's cores", exc_info=True)
+
+
+def _name_this_thread(name: str) -> None:
+    """Set the calling thread's system name (``/proc``'s ``comm``) to ``name``, cut short."""
+    tid = threading.get_native_id()
+    try:
+        with open(f"/proc/self/task/{tid}/comm", "w", encoding="ascii", errors="replace") as comm:
+            comm.write(name[:SYSTEM_NAME_LENGTH])
+    except OSError:  # not allowed, or no /proc: the inherited name stays
+        log.debug("kvmux: could not name a helper thread", exc_info=True)

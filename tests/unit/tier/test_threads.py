@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,18 @@ def test_a_spare_core_is_one_the_parent_may_use_and_this_thread_may_not() -> Non
     started.start()
     started.join()
     assert seen == {"unbound": False, "bound": True}
+
+
+@linux_only
+def test_a_helper_thread_takes_its_python_name_as_its_system_name() -> None:
+    """``top -H`` and profilers tell a helper from the engine's threads."""
+    seen: list[str] = []
+
+    def run() -> None:
+        in_background()
+        seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text())
+
+    thread = threading.Thread(target=run, name="kvmux-redis-save_0")
+    thread.start()
+    thread.join()
+    assert seen == ["kvmux-redis-sav\n"]
