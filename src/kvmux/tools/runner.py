@@ -8,7 +8,9 @@ counters): each
 step's ``stats`` are the tiers' counters by tier name (scheduler and worker halves added
 up), and the job's ``mux`` are MuxConnector's per-child counters by side and label.
 A job with ``"kv_events": true`` enables vLLM's KV cache events; the ``events`` step
-returns those published since the last one.
+returns those published since the last one. A ``cpu_times`` step returns the CPU seconds
+used so far by this process, the engine's processes and the step's ``pids``, by role
+(``kvmux.tools.cpu_times``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmux.metrics import GAUGES, TierStats
+from kvmux.tools.cpu_times import cpu_seconds, process_tree
 
 RESULT_MARK = "KVMUX-RESULT "
 
@@ -173,6 +176,12 @@ def _wait_file(step: dict[str, Any]) -> dict[str, Any]:
             raise TimeoutError(f"{step['path']} did not appear")
         time.sleep(0.05)
     return {}
+
+
+def _cpu_times(step: dict[str, Any]) -> dict[str, Any]:
+    """CPU seconds so far of this process, the engine's below it and ``pids``, by role."""
+    pids = process_tree(os.getpid()) + [int(pid) for pid in step.get("pids", [])]
+    return {"seconds": cpu_seconds(pids, front_end=os.getpid())}
 
 
 def _sleep(step: dict[str, Any]) -> dict[str, Any]:
@@ -356,6 +365,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = _wait_file(step)
         elif op == "sleep":
             result = _sleep(step)
+        elif op == "cpu_times":
+            result = _cpu_times(step)
         elif op == "corrupt":
             result = _corrupt(step)
         elif op == "stats":
