@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 from kvmux.config import RedisSpec
 from kvmux.errors import ConfigError, StoreError, StoreUnavailable
 from kvmux.policies.breaker import CircuitBreaker
-from kvmux.stores.base import KVStore, StoredEntry
+from kvmux.stores.base import KVStore, StoredEntry, ValueParts
+from kvmux.stores.join_buffer import JoinBuffer
 from kvmux.stores.redis_walk import (
     WALK_BATCH,
     entry_key,
@@ -115,6 +116,7 @@ class RedisStore(KVStore):
         self._refusing = False  # logged a refused write since the last accepted one
         self._warned_garbage = False  # logged a malformed value under this prefix
         self._errors = self._redis.exceptions
+        self._joiner = JoinBuffer()  # saves' pieces joined into reused memory
 
     # -- plumbing -------------------------------------------------------------
 
@@ -171,7 +173,7 @@ class RedisStore(KVStore):
         """Store one entry (split into parts past ``max_value_size``)."""
         return self.put_many([(key, value)]) == [True]
 
-    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
+    def put_many(self, items: Sequence[tuple[bytes, bytes | memoryview]]) -> list[bool]:
         """Store several entries in one pipelined round trip; False where refused or too large."""
 
         def run(client: Any) -> list[bool]:
@@ -192,6 +194,14 @@ class RedisStore(KVStore):
 
         return self._call("put", run) if items else []
 
+    def put_many_parts(self, items: Sequence[tuple[bytes, ValueParts]]) -> list[bool]:
+        """``put_many`` of values given as pieces, joined into reused memory (``JoinBuffer``):
+        one pipelined round trip per buffer's worth."""
+        stored: list[bool] = []
+        for batch in self._joiner.batches(items):
+            stored += self.put_many(batch)
+        return stored
+
     def _warn_refused(self, error: Exception) -> None:
         if not self._refusing:
             self._refusing = True
@@ -199,7 +209,7 @@ class RedisStore(KVStore):
                 "kvmux redis %s: server refused a write (%s); dropping saves", self.name, error
             )
 
-    def _queue_put(self, pipe: Any, name: str, value: bytes) -> int:
+    def _queue_put(self, pipe: Any, name: str, value: bytes | memoryview) -> int:
         """Queue the commands that store one entry; returns how many (0: too large)."""
         limit, args = self.spec.max_value_size, self._set_args()
         if len(value) <= limit:
