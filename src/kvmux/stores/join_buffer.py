@@ -10,7 +10,7 @@ pass's own page faults. The buffer here faults once and is reused.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 from kvmux.stores.base import ValueParts
 
@@ -34,7 +34,7 @@ class JoinBuffer:
         self._buffer: memoryview | None = None  # allocated at the first join
         self._lock = threading.Lock()
 
-    def batches(self, items: Sequence[tuple[bytes, ValueParts]]) -> Iterator[Joined]:
+    def batches(self, items: Sequence[tuple[bytes, ValueParts]]) -> Generator[Joined, None, None]:
         """``items`` with their values joined, in order, in batches that fit the buffer.
 
         A batch's values stay valid until the next batch is taken (or the iteration ends).

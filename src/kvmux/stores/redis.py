@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from functools import partial
 from itertools import islice
 from typing import Any, TypeVar
@@ -198,8 +199,9 @@ class RedisStore(KVStore):
         """``put_many`` of values given as pieces, joined into reused memory (``JoinBuffer``):
         one pipelined round trip per buffer's worth."""
         stored: list[bool] = []
-        for batch in self._joiner.batches(items):
-            stored += self.put_many(batch)
+        with closing(self._joiner.batches(items)) as batches:  # a failure frees the buffer
+            for batch in batches:
+                stored += self.put_many(batch)
         return stored
 
     def _warn_refused(self, error: Exception) -> None:

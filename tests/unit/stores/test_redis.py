@@ -111,6 +111,24 @@ def test_server_down_then_back(tmp_path: Path) -> None:
     server.kill()
 
 
+def test_a_save_in_pieces_lands_whole_and_a_failed_one_frees_the_join_buffer(
+    tmp_path: Path,
+) -> None:
+    """Pieces are joined into reused memory; a write that fails leaves it free for the next."""
+    server = RedisServer(tmp_path / "pieces").start()
+    store = RedisStore(_spec(server.url))
+    store._joiner.size = 100  # two round trips for these three entries
+    items = [(_key(i), [b"head", bytes([i]) * 40, memoryview(b"tail")]) for i in range(3)]
+    assert store.put_many_parts(items) == [True, True, True]
+    assert [store.get(_key(i)) for i in range(3)] == [
+        b"head" + bytes([i]) * 40 + b"tail" for i in range(3)
+    ]
+    server.kill()
+    with pytest.raises(StoreUnavailable):
+        store.put_many_parts(items)
+    assert not store._joiner._lock.locked()
+
+
 def test_noeviction_server_refuses_writes_when_full(tmp_path: Path) -> None:
     server = RedisServer(
         tmp_path / "full", ["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]
