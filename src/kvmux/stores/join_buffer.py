@@ -2,9 +2,8 @@
 
 A store whose client takes a value in one piece (redis-py) must join the pieces a save
 writes. A fresh ``bytes`` for each joined value costs its page faults on first touch and
-its unmapping when freed: about 1 ms per 2 MiB value on the benchmark machines, more than
-the copy itself, and the unmapping holds the process's memory map against the forward
-pass's own page faults. The buffer here faults once and is reused.
+its unmapping when freed: about 1 ms per 2 MiB value on a benchmark machine, more than
+the copy itself. The buffer here faults once and is reused.
 """
 
 from __future__ import annotations
