@@ -28,6 +28,7 @@ from pathlib import Path
 __all__ = [
     "HELPER_NICE",
     "SYSTEM_NAME_LENGTH",
+    "child_pids",
     "has_spare_core",
     "in_background",
     "sibling_cores",
@@ -49,22 +50,28 @@ def spare_cores(own: set[int], allowed: set[int], siblings: Iterable[set[int]] =
     return (allowed - taken) or own
 
 
-def sibling_cores() -> list[set[int]]:
-    """The cores of the other processes the parent started (Linux ``/proc``); [] if unknown."""
-    parent, me = os.getppid(), os.getpid()
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started, by any of its threads (Linux ``/proc``); [] if unknown."""
     found = []
-    for children in Path(f"/proc/{parent}/task").glob("*/children"):
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
-            pids = children.read_text().split()
+            found += [int(child) for child in children.read_text().split()]
         except OSError:  # a thread that ended, or a kernel without the file
             continue
-        for pid in map(int, pids):
-            if pid == me:
-                continue
-            try:
-                found.append(os.sched_getaffinity(pid))
-            except OSError:  # ended meanwhile
-                continue
+    return found
+
+
+def sibling_cores() -> list[set[int]]:
+    """The cores of the other processes the parent started (Linux ``/proc``); [] if unknown."""
+    me = os.getpid()
+    found = []
+    for pid in child_pids(os.getppid()):
+        if pid == me:
+            continue
+        try:
+            found.append(os.sched_getaffinity(pid))
+        except OSError:  # ended meanwhile
+            continue
     return found
 
 

@@ -13,6 +13,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from kvmux.tier.threads import child_pids
+
 __all__ = ["ROLES", "cpu_seconds", "process_tree", "role_of"]
 
 ROLES = {  # process name (as /proc shows it: 15 characters) -> role
@@ -31,11 +33,7 @@ def process_tree(pid: int) -> list[int]:
     while todo:
         current = todo.pop()
         found.append(current)
-        for children in Path(f"/proc/{current}/task").glob("*/children"):
-            try:
-                todo += [int(child) for child in children.read_text().split()]
-            except OSError:  # the thread or process ended
-                continue
+        todo += child_pids(current)
     return found
 
 
