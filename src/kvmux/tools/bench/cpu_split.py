@@ -25,6 +25,7 @@ from kvmux.tools.bench.configs import CONFIGS
 from kvmux.tools.bench.e2e import Runner
 from kvmux.tools.bench.profiles import FULL, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
+from kvmux.tools.bench.saving import saving_batch
 from kvmux.tools.models import build_random_llama
 
 __all__ = ["batch_steps", "main", "split_rows"]
@@ -36,9 +37,7 @@ SEED = 910_000
 
 
 def _batch(runner: Runner, seed: int) -> dict[str, Any]:
-    plan = runner.plan
-    prompts = [runner.tokens(seed + i, plan.noreuse_tokens) for i in range(plan.noreuse_prompts)]
-    return {"op": "generate", "prompts": prompts, "max_tokens": plan.noreuse_max_tokens}
+    return saving_batch(runner, lambda i: seed + i)
 
 
 def batch_steps(runner: Runner, batches: int, pids: list[int]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ kvmux / without; the bar is the median over the pairs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from kvmux.tools.bench.turns import BenchRunner, Steps, take_turns
@@ -21,6 +22,7 @@ __all__ = [
     "noreuse_seed",
     "pair_costs",
     "round_costs",
+    "saving_batch",
     "saving_rounds",
     "warm_round",
 ]
@@ -42,6 +44,13 @@ def noreuse_seed(layout: str, round_: int, prompt: int) -> int:
 def warm_round(session: int) -> int:
     """Seed round of the unmeasured first batch of a session's engines."""
     return WARM_ROUND - session
+
+
+def saving_batch(runner: BenchRunner, seed_of: Callable[[int], int]) -> dict[str, Any]:
+    """The generate step of one batch of the workload: prompt ``i`` from ``seed_of(i)``."""
+    plan = runner.plan
+    prompts = [runner.tokens(seed_of(i), plan.noreuse_tokens) for i in range(plan.noreuse_prompts)]
+    return {"op": "generate", "prompts": prompts, "max_tokens": plan.noreuse_max_tokens}
 
 
 def saving_rounds(
@@ -79,11 +88,7 @@ def _session(
     plan, first = runner.plan, session * rounds
 
     def batch(round_: int) -> Steps:
-        prompts = [
-            runner.tokens(noreuse_seed(layout, round_, i), plan.noreuse_tokens)
-            for i in range(plan.noreuse_prompts)
-        ]
-        return [{"op": "generate", "prompts": prompts, "max_tokens": plan.noreuse_max_tokens}]
+        return [saving_batch(runner, lambda i: noreuse_seed(layout, round_, i))]
 
     result = take_turns(
         runner,
