@@ -66,6 +66,10 @@ class TierStepPlan:
     evictions: list[BlockKey] = field(default_factory=list)
     tables: dict[str, list[int]] = field(default_factory=dict)  # req id -> its block ids
     idle: bool = False  # no forward pass this step: loads may have the cores to themselves
+    step: int = 0  # the scheduler's count of plans, from 1
+    # the latest earlier step whose saves hold a block allocated in this one (0: none):
+    # the forward pass waits for those copies first (``kvmux.tier.fences``)
+    fence: int = 0
 
     def blocks_computed_over(self, failed: set[int]) -> set[int]:
         """Blocks at or after a failed block in any request's table: not to be saved."""

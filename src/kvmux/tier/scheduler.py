@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from kvmux.errors import UnkeyableInput
 from kvmux.keys import BlockKey, block_keys, generation_namespace, group_key
 from kvmux.metrics import TierStats
+from kvmux.tier.fences import SavedBlocks
 from kvmux.tier.index import TierView
 from kvmux.tier.plan import BlockTransfer, RequestLoad, SavedBlock, TierStepPlan
 
@@ -65,6 +66,7 @@ class TierScheduler:
         windows: Sequence[int | None] = (None,),
         async_loads: bool = False,
         record_saves: bool = False,
+        fence_saves: bool = False,
     ):
         self._view = view
         self._block_size = block_size
@@ -76,6 +78,9 @@ class TierScheduler:
         self._pending_loads: list[BlockTransfer] = []
         self._pending_async: list[RequestLoad] = []
         self._saved: list[SavedBlock] | None = [] if record_saves else None  # see take_saved
+        self._step = 0  # plans built so far
+        # saves copy asynchronously (a GPU): remember their blocks to fence their reuse
+        self._fences = SavedBlocks() if fence_saves else None
 
     def _state(
         self, req_id: str, prompt: Sequence[int], extras: Sequence[bytes] | None
@@ -218,13 +223,20 @@ class TierScheduler:
         windowed = self._windows[group] is not None
         return None if windowed and block == NULL_BLOCK else block
 
-    def build(self, scheduled: Iterable[ScheduledRequest]) -> TierStepPlan:
+    def build(
+        self, scheduled: Iterable[ScheduledRequest], allocated: Iterable[int] = ()
+    ) -> TierStepPlan:
         """The step's plan: pending loads, plus saves of every newly full block.
 
         A block is a prompt block, or a generated one of a request that carries its
-        ``tokens``.
+        ``tokens``. ``allocated``: the blocks given to requests in this step, with
+        ``fence_saves`` (the plan's ``fence`` then names the latest recent step that
+        saved one of them).
         """
-        plan = TierStepPlan(loads=self._pending_loads, async_loads=self._pending_async)
+        self._step += 1
+        plan = TierStepPlan(
+            loads=self._pending_loads, async_loads=self._pending_async, step=self._step
+        )
         self._pending_loads, self._pending_async = [], []
         planned: list[tuple[str, _RequestState, list[BlockTransfer]]] = []
         for request in scheduled:
@@ -244,6 +256,9 @@ class TierScheduler:
             plan.saves = [t for t in plan.saves if t.key not in dropped]
         if self._saved is not None:
             self._saved.extend(_saved_blocks(planned, {t.key for t in plan.saves}))
+        if self._fences is not None:
+            plan.fence = self._fences.fence(self._step, allocated)
+            self._fences.saved(self._step, (t.block_id for t in plan.saves))
         return plan
 
     def take_saved(self) -> list[SavedBlock]:

@@ -12,9 +12,11 @@ element copy is a move of its bits, never arithmetic, so every bit pattern survi
 
 On CUDA (written for it, not run in CI: see ``scripts/gpu_check.sh``) a save gathers on
 the device on the save stream, after an event that marks the forward pass's writes, and
-copies into the pinned slots without the host waiting; a load copies the slots' runs to
-the device and scatters them on the current stream. Events order a slot's save before
-its loads and a slot's loads before the save that reuses it.
+copies into the pinned slots without the host or the forward pass waiting: it returns a
+mark of its copies, which the forward pass waits for only when it is about to overwrite
+one of the saved blocks (``kvmux.tier.fences``). A load copies the slots' runs to the
+device and scatters them on the current stream. Events order a slot's save before its
+loads and a slot's loads before the save that reuses it.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Any
 import numpy
 import torch
 
+from kvmux.tier.fences import SaveMark
 from kvmux.tier.transfer import BlockMover
 
-__all__ = ["HostLayer", "HostSlab", "SlotRun", "copy_slots_in", "slot_runs"]
+__all__ = ["CudaMark", "HostLayer", "HostSlab", "SlotRun", "copy_slots_in", "slot_runs"]
 
 _WIDE = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)
 ROW_ALIGN = 16  # bytes: every layer's row in a slot starts at a multiple of this
@@ -74,6 +77,18 @@ _SAME_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16
 def _as_array(tensor: torch.Tensor) -> numpy.ndarray:
     """The tensor's memory as a NumPy array of an element of the same size (no copy)."""
     return tensor.view(_SAME_SIZE[tensor.element_size()]).numpy()
+
+
+@dataclass(frozen=True)
+class CudaMark:
+    """A save's copies in flight on a CUDA device, up to ``event``."""
+
+    event: Any  # torch.cuda.Event
+    device: torch.device
+
+    def order_forward(self) -> None:
+        """The forward pass's stream waits for the copies (the host does not)."""
+        torch.cuda.current_stream(self.device).wait_event(self.event)
 
 
 @dataclass(frozen=True)
@@ -167,12 +182,14 @@ class HostSlab:
         """Bytes of one block of ``group``'s layers."""
         return self._block_bytes[group]
 
-    def save(self, group: int, block_ids: Sequence[int], slots: Sequence[int]) -> None:
-        """Copy the group's blocks ``block_ids`` of every layer into ``slots``."""
+    def save(self, group: int, block_ids: Sequence[int], slots: Sequence[int]) -> SaveMark | None:
+        """Copy the group's blocks ``block_ids`` of every layer into ``slots``.
+
+        The mark of the copies still in flight on a device; None when they are done.
+        """
         runs = slot_runs(slots)
         if self._on_gpu:
-            self._gpu_save(self._groups[group], block_ids, runs)
-            return
+            return self._gpu_save(self._groups[group], block_ids, runs)
         index = torch.tensor(list(block_ids), dtype=torch.long)
         for layer in self._groups[group]:
             for run in runs:
@@ -182,6 +199,7 @@ class HostSlab:
                     torch.index_select(layer.kv, 0, picked, out=out)
                 else:
                     out.copy_(layer.kv.index_select(layer.dim, picked).movedim(layer.dim, 0))
+        return None
 
     def load(self, group: int, block_ids: Sequence[int], slots: Sequence[int]) -> None:
         """Copy ``slots`` into the group's blocks ``block_ids`` of every layer."""
@@ -197,7 +215,7 @@ class HostSlab:
 
     def _gpu_save(
         self, layers: list[_Layer], block_ids: Sequence[int], runs: list[SlotRun]
-    ) -> None:
+    ) -> SaveMark:
         """One gather per layer on the save stream, then device-to-host copies into slots."""
         if self._save_stream is None:
             self._save_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
@@ -218,8 +236,8 @@ class HostSlab:
                     out.copy_(picked[run.first : run.first + run.count], non_blocking=True)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(stream)
-        forward.wait_event(done)  # later kernels may reuse the blocks: after the copy
         self._saved = done
+        return CudaMark(done, self.device)
 
     def _gpu_load(self, layers: list[_Layer], index: torch.Tensor, runs: list[SlotRun]) -> None:
         """Host-to-device copies of the slots' runs, one scatter per layer and run."""

@@ -270,7 +270,7 @@ class SlabWorker(WorkerBase):
             for key in plan.evictions:
                 self._evict(key)
             for group, rows in self._by_group(saves).items():
-                count = self._save_group(slab, group, [saves[row] for row in rows])
+                count = self._save_group(slab, group, [saves[row] for row in rows], plan.step)
                 saved += count
                 saved_bytes += count * slab.block_bytes(group)
             stored = len(self._slot_of) * slab.slot_bytes
@@ -281,7 +281,9 @@ class SlabWorker(WorkerBase):
         )
         self._stats.observe_stored(stored)
 
-    def _save_group(self, slab: HostSlab, group: int, transfers: list[BlockTransfer]) -> int:
+    def _save_group(
+        self, slab: HostSlab, group: int, transfers: list[BlockTransfer], step: int
+    ) -> int:
         """Copy a group's blocks not held yet into free slots; how many were saved."""
         new: dict[BlockKey, int] = {}  # key -> block id, each key once
         for transfer in transfers:
@@ -294,13 +296,14 @@ class SlabWorker(WorkerBase):
         if not keys:
             return 0
         try:
-            slab.save(group, [new[key] for key in keys], slots)
+            mark = slab.save(group, [new[key] for key in keys], slots)
         except Exception as exc:  # the blocks are simply not saved
             self._free.extend(slots)
             self._missing.update(keys)  # under _lock: the scheduler's index forgets them
             self._stats.add(save_errors=len(keys), store_errors=1)
             self._warn_once("save", "kvmux tier %s: copy-out failed: %r", self.name, exc)
             return 0
+        self._in_flight_until(step, mark)
         for key, slot in zip(keys, slots, strict=True):
             self._slot_of[key] = slot
             self._tags[slot] = key

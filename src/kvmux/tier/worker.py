@@ -300,7 +300,9 @@ class TierWorker(WorkerBase):
     def _bytes_of(self, transfer: BlockTransfer) -> int:
         return self._group_bytes[transfer.group]
 
-    def _copy_out(self, saves: Sequence[BlockTransfer], slots: list[int]) -> list[_Copied]:
+    def _copy_out(
+        self, saves: Sequence[BlockTransfer], slots: list[int], step: int
+    ) -> list[_Copied]:
         """Gather the planned blocks into their staging slots, one batch per KV cache group."""
         staging = self._staging
         assert staging is not None or not saves, "saves admitted without staging slots"
@@ -311,7 +313,8 @@ class TierWorker(WorkerBase):
         for group, indices in rows_of.items():
             assert staging is not None
             group_slots = [slots[i] for i in indices]
-            staging.save(group, [saves[i].block_id for i in indices], group_slots)
+            mark = staging.save(group, [saves[i].block_id for i in indices], group_slots)
+            self._in_flight_until(step, mark)
             specs = self._movers[group].layer_specs
             for index, slot in zip(indices, group_slots, strict=True):
                 copied[index] = _Copied(specs, staging, group, slot)
@@ -325,7 +328,7 @@ class TierWorker(WorkerBase):
         saves, slots = self._admit(saves)
         queued = sum(map(self._bytes_of, saves))
         try:
-            copied = self._copy_out(saves, slots)
+            copied = self._copy_out(saves, slots, plan.step)
         except BaseException:
             self._release(slots, queued)
             raise

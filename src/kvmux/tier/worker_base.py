@@ -15,6 +15,7 @@ import torch
 
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
+from kvmux.tier.fences import InFlightSaves, SaveMark
 from kvmux.tier.loader import AsyncLoader, FinishedLoads
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
 
@@ -40,6 +41,7 @@ class WorkerBase(ABC):
         self._failed_this_step: set[int] = set()  # blocks whose load failed, until the save
         self._missing: set[BlockKey] = set()
         self._warned: set[str] = set()
+        self._in_flight = InFlightSaves()  # saves whose copies a device may still run
 
     @abstractmethod
     def register(
@@ -156,6 +158,16 @@ class WorkerBase(ABC):
         return missing
 
     # -- saves ---------------------------------------------------------------
+
+    def fence(self, plan: TierStepPlan) -> None:
+        """Before the step's forward pass: order it after the in-flight saves of blocks it
+        may overwrite (``kvmux.tier.fences``; nothing is in flight on the host)."""
+        if self._in_flight:
+            self._in_flight.before_forward(plan.step, plan.fence)
+
+    def _in_flight_until(self, step: int, mark: SaveMark | None) -> None:
+        """Step ``step``'s save copies are in flight until ``mark`` (None: done)."""
+        self._in_flight.saved(step, mark)
 
     def drop_saves_over(self, block_ids: Iterable[int]) -> None:
         """Blocks another connector failed to load this step: do not save what used them."""

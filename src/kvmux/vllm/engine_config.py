@@ -24,6 +24,7 @@ __all__ = [
     "engine_namespace",
     "group_windows",
     "prefer_recompute",
+    "saves_copy_async",
     "slab_slot_bytes",
 ]
 
@@ -133,6 +134,14 @@ def checkpoint_identity(model: str, revision: str | None) -> str:
     except OSError as exc:
         raise ConfigError("model", f"cannot read the checkpoint at {model}: {exc}") from exc
     return f"files:{digest.hexdigest(16)}"
+
+
+def saves_copy_async() -> bool:
+    """Whether the workers' save copies run on a device stream, past the save's return
+    (CUDA, see ``tier/slab.py``): their blocks' reuse is then fenced (``tier/fences.py``)."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type) == "cuda"
 
 
 def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> dict[str, Any]:

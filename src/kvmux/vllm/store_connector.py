@@ -42,6 +42,7 @@ from kvmux.vllm.engine_config import (
     engine_namespace,
     group_windows,
     prefer_recompute,
+    saves_copy_async,
     slab_slot_bytes,
 )
 from kvmux.vllm.events import TierEvents, events_enabled
@@ -150,6 +151,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed_loads: dict[str, int] = {}  # request -> first failed position, to report
         self._generating: dict[str, Request] = {}  # requests whose generated blocks are saved
         self._scheduler: TierScheduler | None = None
+        self._fence_saves = False  # the scheduler tells the workers when saved blocks are reused
         self._worker: WorkerBase | None = None
         self._view: TierView | None = None
         self._events: TierEvents | None = None  # only when the engine publishes KV events
@@ -157,6 +159,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             self._view = self._scheduler_view(kv_cache_config)
             if events_enabled(vllm_config):
                 self._events = _tier_events(spec, self._block_size, kv_cache_config, self._view)
+            self._fence_saves = saves_copy_async()
             self._scheduler = TierScheduler(
                 self._view,
                 self._block_size,
@@ -165,6 +168,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self._windows,
                 self._async_loads,
                 record_saves=self._events is not None,
+                fence_saves=self._fence_saves,
             )
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/slab.py
@@ -238,7 +242,9 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's loads, saves and evictions."""
         assert self._scheduler is not None
-        plan = self._scheduler.build(map(self._with_tokens, _scheduled(scheduler_output)))
+        scheduled = map(self._with_tokens, _scheduled(scheduler_output))
+        allocated = _allocated(scheduler_output) if self._fence_saves else ()
+        plan = self._scheduler.build(scheduled, allocated)
         plan.idle = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
         if self._events is not None:
             self._events.removed(plan.evictions)
@@ -309,6 +315,14 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         meta = self._get_connector_metadata()
         return meta.plan if isinstance(meta, StoreConnectorMetadata) else None
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Take the step's plan; the forward pass waits for in-flight copies of saved
+        blocks it is about to overwrite (a GPU's; ``tier/fences.py``). Also past an
+        open breaker of a parent: that is when it binds, but runs nothing else."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, StoreConnectorMetadata):
+            self._worker.fence(connector_metadata.plan)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Load the synchronous loads' blocks now; start the asynchronous loads."""
@@ -472,6 +486,16 @@ def _tier_events(
     if isinstance(view, MirrorIndex):
         return TierEvents(spec, block_size, hash_block_size, max(1, view.max_entries))
     return TierEvents(spec, block_size, hash_block_size)
+
+
+def _allocated(scheduler_output: SchedulerOutput) -> list[int]:
+    """Blocks given to requests in this step: every block of a new request, the new blocks
+    of the others (all of a resumed request's)."""
+    found = [b for new in scheduler_output.scheduled_new_reqs for ids in new.block_ids for b in ids]
+    for blocks in scheduler_output.scheduled_cached_reqs.new_block_ids:
+        if blocks:
+            found.extend(b for ids in blocks for b in ids)
+    return found
 
 
 def _scheduled(scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:

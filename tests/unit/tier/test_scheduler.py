@@ -209,7 +209,7 @@ def test_on_alloc_of_zero_tokens_plans_nothing_but_counts_the_lookup() -> None:
     view.record_saved(_keys(prompt))
     scheduler.lookup("r", prompt, None, 0)
     scheduler.on_alloc("r", ([1, 2, 3],), 0)
-    assert scheduler.build([]) == TierStepPlan()
+    assert scheduler.build([]) == TierStepPlan(step=1)
     assert (stats.lookups, stats.hit_tokens) == (1, 0)
 
 
@@ -371,7 +371,7 @@ def test_shared_prefix_across_requests_is_saved_once() -> None:
 def test_requests_without_state_are_ignored_by_build() -> None:
     scheduler, _, _ = _scheduler()
     plan = scheduler.build([_one_group("never-looked-up", 0, 4 * BS, [0, 1, 2, 3])])
-    assert plan == TierStepPlan()
+    assert plan == TierStepPlan(step=1)
 
 
 def test_saves_are_bounded_by_the_allocated_blocks() -> None:
@@ -464,7 +464,7 @@ def test_finished_request_is_not_saved() -> None:
     prompt = _prompt(3 * BS)
     _new_request(scheduler, "r", prompt, [0, 1, 2])
     scheduler.finish("r")
-    assert scheduler.build([_one_group("r", 0, 3 * BS, [0, 1, 2])]) == TierStepPlan()
+    assert scheduler.build([_one_group("r", 0, 3 * BS, [0, 1, 2])]) == TierStepPlan(step=1)
     assert isinstance(view, MirrorIndex)
     assert len(view) == 0
 
@@ -573,3 +573,29 @@ def test_sync_and_async_schedulers_load_the_same_blocks() -> None:
     _new_request(asynchronous, "r", prompt, ids, num_computed=BS)
     (load,) = asynchronous.build([]).async_loads
     assert load.transfers == sync.build([]).loads
+
+
+def test_plans_are_numbered_and_fence_blocks_saved_before_their_reuse() -> None:
+    view = MirrorIndex(1000 * ENTRY, ENTRY)
+    scheduler = TierScheduler(view, BS, NS, TierStats(), fence_saves=True)
+    prompt = _prompt(2 * BS + 1)
+    _new_request(scheduler, "a", prompt, [4, 5, 6])
+    first = scheduler.build([_one_group("a", 0, len(prompt), [4, 5, 6])], allocated=[4, 5, 6])
+    assert (first.step, first.fence) == (1, 0)
+    assert [t.block_id for t in first.saves] == [4, 5]
+    scheduler.finish("a")
+    other = _prompt(BS, seed=1)
+    _new_request(scheduler, "b", other, [5, 9])  # block 5 freed and given to "b"
+    second = scheduler.build([_one_group("b", 0, len(other), [5, 9])], allocated=[5, 9])
+    assert (second.step, second.fence) == (2, 1)
+    third = scheduler.build([], allocated=[6])
+    assert (third.step, third.fence) == (3, 0)  # block 6 was never saved
+
+
+def test_without_asynchronous_saves_nothing_is_fenced() -> None:
+    scheduler, _, _ = _scheduler()
+    prompt = _prompt(2 * BS + 1)
+    _new_request(scheduler, "a", prompt, [4, 5, 6])
+    scheduler.build([_one_group("a", 0, len(prompt), [4, 5, 6])])
+    plan = scheduler.build([], allocated=[4, 5])
+    assert (plan.step, plan.fence) == (2, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -279,3 +280,26 @@ def test_loads_go_by_layer_where_a_spare_core_runs_them(
         assert not worker.copies_by_layer
         worker.register(_caches(random=False), NUM_BLOCKS)
         assert worker.copies_by_layer is spare
+
+
+def test_a_save_in_flight_holds_back_only_the_forward_pass_that_reuses_its_blocks(
+    workers: list[SlabWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU a save returns while its copies run; on the host nothing stays in flight."""
+    worker = _worker(workers, _caches(random=True))
+    slab, ordered = worker._slab, []
+    assert slab is not None
+    worker.save(TierStepPlan(saves=[BlockTransfer(KEYS[0], 1)], step=1))
+    assert not worker._in_flight  # the host's copies are done when save returns
+    copy = slab.save
+
+    def in_flight(*args: Any) -> Any:
+        copy(*args)
+        return SimpleNamespace(order_forward=lambda: ordered.append("step 2"))
+
+    monkeypatch.setattr(slab, "save", in_flight)
+    worker.save(TierStepPlan(saves=[BlockTransfer(KEYS[1], 2)], step=2))
+    worker.fence(TierStepPlan(step=3))  # no block of step 2's save is reused
+    assert ordered == []
+    worker.fence(TierStepPlan(step=3, fence=2))
+    assert ordered == ["step 2"] and not worker._in_flight

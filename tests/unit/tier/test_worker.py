@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -613,3 +615,28 @@ def test_a_save_queue_smaller_than_a_block_drops_every_save(make_worker: MakeWor
     worker = make_worker(MemoryStore(1 << 20), caches, stats=stats, save_queue=BLOCK_BYTES - 1)
     _save_each(worker, _steps(1, 2))
     assert (stats.saved_blocks, stats.dropped_saves) == (0, 2)
+
+
+def test_a_staging_copy_in_flight_holds_back_only_the_forward_pass_that_reuses_it(
+    make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the copy into staging slots returns at once; the forward pass waits for it
+    only where the scheduler says it overwrites a block the copy reads."""
+    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=True))
+    _save(worker, (K1, 1))
+    assert not worker._in_flight  # the host's copies are done when save returns
+    staging, ordered = worker._staging, []
+    assert staging is not None
+    copy = staging.save
+
+    def in_flight(*args: Any) -> Any:
+        copy(*args)
+        return SimpleNamespace(order_forward=lambda: ordered.append("step 4"))
+
+    monkeypatch.setattr(staging, "save", in_flight)
+    worker.save(TierStepPlan(saves=[BlockTransfer(K3, 3)], step=4))
+    worker.flush()
+    worker.fence(TierStepPlan(step=5, fence=3))  # an earlier step's blocks: not in flight
+    assert ordered == []
+    worker.fence(TierStepPlan(step=5, fence=4))
+    assert ordered == ["step 4"] and not worker._in_flight

@@ -434,3 +434,64 @@ def test_the_metadata_names_every_block_it_loads() -> None:
     meta = StoreConnectorMetadata(TierStepPlan(loads=sync, async_loads=[late]))
     assert StoreConnector.kvmux_load_blocks(meta) == [7, 8, 11, 12]
     assert StoreConnector.kvmux_load_blocks(StoreConnectorMetadata()) == []
+
+
+def _allocating(
+    new: dict[str, list[int]], cached: dict[str, list[int] | None], tokens: int
+) -> SimpleNamespace:
+    """A SchedulerOutput stand-in: new requests with all their blocks, cached ones with
+    their new blocks (None: none), each scheduling ``tokens`` from 0."""
+    tables = {**new, **{r: ids or [] for r, ids in cached.items()}}
+    return SimpleNamespace(
+        scheduled_new_reqs=[
+            SimpleNamespace(req_id=r, num_computed_tokens=0, block_ids=(ids,))
+            for r, ids in new.items()
+        ],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=list(cached),
+            num_computed_tokens=[0] * len(cached),
+            new_block_ids=[None if ids is None else (ids,) for ids in cached.values()],
+        ),
+        num_scheduled_tokens=dict.fromkeys(tables, tokens),
+        kv_connector_block_state=SimpleNamespace(get_block_ids=lambda r: (tables[r],)),
+    )
+
+
+def test_on_a_gpu_a_saved_block_given_to_another_request_is_fenced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(store_connector, "saves_copy_async", lambda: True)
+    connector = scheduler(MEMORY)
+    look_up(connector, "a", 2 * BLOCK + 1)
+    first = connector.build_connector_meta(_allocating({"a": [1, 2, 3]}, {}, 2 * BLOCK + 1))  # type: ignore[arg-type]
+    assert isinstance(first, StoreConnectorMetadata)
+    assert [t.block_id for t in first.plan.saves] == [1, 2] and first.plan.fence == 0
+    connector.request_finished(fake_request("a", 2 * BLOCK + 1), [1, 2, 3])  # type: ignore[arg-type]
+    steps = [({"b": [7, 8]}, {"c": None}), ({}, {"c": [9]}), ({"d": [4]}, {"c": [2]})]
+    fences = []
+    for new, cached in steps:
+        meta = connector.build_connector_meta(_allocating(new, cached, 1))  # type: ignore[arg-type]
+        assert isinstance(meta, StoreConnectorMetadata)
+        fences.append(meta.plan.fence)
+    assert fences == [0, 0, 1]  # block 2, saved in step 1, goes to request c in step 4
+
+
+def test_on_the_host_nothing_is_fenced(monkeypatch: pytest.MonkeyPatch) -> None:
+    connector = scheduler(MEMORY)
+    look_up(connector, "a", 2 * BLOCK + 1)
+    connector.build_connector_meta(_allocating({"a": [1, 2, 3]}, {}, 2 * BLOCK + 1))  # type: ignore[arg-type]
+    meta = connector.build_connector_meta(_allocating({"b": [1, 2]}, {}, 1))  # type: ignore[arg-type]
+    assert isinstance(meta, StoreConnectorMetadata) and meta.plan.fence == 0
+
+
+def test_binding_a_plan_fences_the_forward_pass_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    connector = worker(monkeypatch, MEMORY, None)
+    assert connector._worker is not None
+    fenced: list[TierStepPlan] = []
+    monkeypatch.setattr(connector._worker, "fence", fenced.append)
+    plan = TierStepPlan(step=7, fence=5)
+    connector.bind_connector_metadata(StoreConnectorMetadata(plan))
+    assert fenced == [plan]
+    connector.shutdown()
