@@ -1,17 +1,19 @@
 """Fences between a step's saves and a later reuse of the saved blocks (pure Python).
 
 On a GPU a save copies the step's blocks to host memory on its own stream, and nothing
-makes the forward pass wait for it. A block saved in one step may be freed and handed
-to another request in a later step, whose forward pass then writes into it: that
-forward pass must not start before the copy has read the block. The scheduler sees
-every allocation, so it tells the workers when that happens (``TierStepPlan.fence``:
-the latest step whose saves hold a block allocated now); only then does the forward
-pass wait, on the device, for those copies (vLLM's offloading connector flushes its
-store jobs the same way, when their blocks are allocated again).
+waits for it. A block saved in one step may be freed and handed to another request in
+a later step, whose forward pass, or a load into it (on any stream, any connector's),
+then writes into it: nothing of that step may start before the copy has read the
+block. The scheduler sees every allocation, so it tells the workers when that happens
+(``TierStepPlan.fence``: the latest step whose saves hold a block allocated now). Only
+then does a worker wait, when it binds the step's plan and before any of the step's
+work is submitted, until those copies have landed: vLLM's offloading connector flushes
+its store jobs the same way, when their blocks are allocated again. Copies run while
+the next steps compute; most have landed by the time their blocks come back.
 
 The scheduler remembers the blocks of the last ``FENCE_STEPS`` steps' saves; the
-workers order the forward pass after every save older than that (long landed: the
-wait costs nothing), so the two never disagree about a save the scheduler forgot.
+workers wait for every save older than that (long landed: the wait returns at once),
+so the two never disagree about a save the scheduler forgot.
 
 On the host a save's copies are done when the save returns: there is nothing in
 flight, and a fence waits for nothing.
@@ -31,8 +33,8 @@ FENCE_STEPS = 8  # steps whose saved blocks the scheduler remembers
 class SaveMark(Protocol):
     """A save's copies in flight on a device (a CUDA event, say)."""
 
-    def order_forward(self) -> None:
-        """Make the forward pass's later work wait for these copies (on the device)."""
+    def wait(self) -> None:
+        """Return once these copies have landed."""
 
 
 class SavedBlocks:
@@ -81,9 +83,9 @@ class InFlightSaves:
         if mark is not None:
             self._marks.append((step, mark))
 
-    def before_forward(self, step: int, fence: int) -> None:
-        """Order step ``step``'s forward pass after the saves of steps up to ``fence``,
-        and after every save older than ``FENCE_STEPS`` steps; forget those saves.
+    def before_step(self, step: int, fence: int) -> None:
+        """Before step ``step`` submits anything: wait for the saves of steps up to
+        ``fence``, and for every save older than ``FENCE_STEPS`` steps; forget those.
 
         One mark is enough: the saves run in order on one stream.
         """
@@ -92,4 +94,4 @@ class InFlightSaves:
         while marks and marks[0][0] <= due:
             last = marks.popleft()[1]
         if last is not None:
-            last.order_forward()
+            last.wait()

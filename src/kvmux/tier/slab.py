@@ -13,8 +13,8 @@ element copy is a move of its bits, never arithmetic, so every bit pattern survi
 On CUDA (written for it, not run in CI: see ``scripts/gpu_check.sh``) a save gathers on
 the device on the save stream, after an event that marks the forward pass's writes, and
 copies into the pinned slots without the host or the forward pass waiting: it returns a
-mark of its copies, which the forward pass waits for only when it is about to overwrite
-one of the saved blocks (``kvmux.tier.fences``). A load copies the slots' runs to the
+mark of its copies, which the worker waits for only when a later step is about to
+overwrite one of the saved blocks (``kvmux.tier.fences``). A load copies the slots' runs to the
 device and scatters them on the current stream. Events order a slot's save before its
 loads and a slot's loads before the save that reuses it.
 """
@@ -86,9 +86,9 @@ class CudaMark:
     event: Any  # torch.cuda.Event
     device: torch.device
 
-    def order_forward(self) -> None:
-        """The forward pass's stream waits for the copies (the host does not)."""
-        torch.cuda.current_stream(self.device).wait_event(self.event)
+    def wait(self) -> None:
+        """Return once the copies have landed."""
+        self.event.synchronize()
 
 
 @dataclass(frozen=True)

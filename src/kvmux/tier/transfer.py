@@ -8,9 +8,9 @@ The same calls serve a KV cache in host memory and one on a GPU. On the host, a 
 done when the call returns. On CUDA (written for it, not run in CI: see
 ``scripts/gpu_check.sh``), as in vLLM's kv_offload worker: saves go through a tier's
 staging slots (``slab.HostSlab``, pinned), gathered per layer on a stream of their own
-after an event that marks the forward pass's writes, and the host never waits for
-them; the forward stream waits for the copy's event before it touches the KV cache
-again (blocks may be reused). Loads stage
+after an event that marks the forward pass's writes, and neither the host nor the
+forward pass waits for them, unless a later step reuses one of their blocks
+(``tier/fences.py``). Loads stage
 each layer's blocks in pinned memory and copy them in with one transfer and one
 ``index_copy_`` per layer on the current stream (the loader's own stream for
 asynchronous loads), so nothing but the GPU orders them before the forward pass.

@@ -160,10 +160,10 @@ class WorkerBase(ABC):
     # -- saves ---------------------------------------------------------------
 
     def fence(self, plan: TierStepPlan) -> None:
-        """Before the step's forward pass: order it after the in-flight saves of blocks it
-        may overwrite (``kvmux.tier.fences``; nothing is in flight on the host)."""
+        """Before the step submits anything: wait for in-flight saves of blocks it may
+        overwrite (``kvmux.tier.fences``; nothing is in flight on the host)."""
         if self._in_flight:
-            self._in_flight.before_forward(plan.step, plan.fence)
+            self._in_flight.before_step(plan.step, plan.fence)
 
     def _in_flight_until(self, step: int, mark: SaveMark | None) -> None:
         """Step ``step``'s save copies are in flight until ``mark`` (None: done)."""

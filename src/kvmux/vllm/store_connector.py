@@ -317,9 +317,9 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         return meta.plan if isinstance(meta, StoreConnectorMetadata) else None
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        """Take the step's plan; the forward pass waits for in-flight copies of saved
-        blocks it is about to overwrite (a GPU's; ``tier/fences.py``). Also past an
-        open breaker of a parent: that is when it binds, but runs nothing else."""
+        """Take the step's plan; first wait for in-flight copies of saved blocks the step
+        is about to overwrite (a GPU's; ``tier/fences.py``). Also past an open breaker
+        of a parent: a parent binds every child, cut off or not."""
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None and isinstance(connector_metadata, StoreConnectorMetadata):
             self._worker.fence(connector_metadata.plan)

@@ -1,4 +1,4 @@
-"""kvmux.tier.fences: the forward pass waits for a save's copies only where it reuses them."""
+"""kvmux.tier.fences: a step waits for a save's copies only where it reuses their blocks."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from kvmux.tier.fences import FENCE_STEPS, InFlightSaves, SavedBlocks
 
 
 class Mark:
-    """A save in flight; records when the forward pass is ordered after it."""
+    """A save in flight; records when a step waits for it."""
 
     def __init__(self, name: str, log: list[str]):
         self.name, self.log = name, log
 
-    def order_forward(self) -> None:
+    def wait(self) -> None:
         self.log.append(self.name)
 
 
@@ -33,17 +33,17 @@ def test_saves_older_than_the_window_are_forgotten() -> None:
     assert saved.fence(FENCE_STEPS + 1, [4]) == 0  # the workers ordered step 1 by now
 
 
-def test_the_forward_pass_waits_only_for_what_it_reuses() -> None:
+def test_a_step_waits_only_for_what_it_reuses() -> None:
     log: list[str] = []
     marks = InFlightSaves()
     marks.saved(1, Mark("s1", log))
     marks.saved(2, Mark("s2", log))
     marks.saved(3, None)  # done on the host: nothing in flight
-    marks.before_forward(4, fence=0)
+    marks.before_step(4, fence=0)
     assert log == [] and marks
-    marks.before_forward(4, fence=1)
+    marks.before_step(4, fence=1)
     assert log == ["s1"]  # step 2's copies still run beside the forward pass
-    marks.before_forward(5, fence=2)
+    marks.before_step(5, fence=2)
     assert log == ["s1", "s2"] and not marks
 
 
@@ -52,7 +52,7 @@ def test_one_wait_covers_every_earlier_save() -> None:
     marks = InFlightSaves()
     for step in (1, 2, 3):
         marks.saved(step, Mark(f"s{step}", log))
-    marks.before_forward(4, fence=3)
+    marks.before_step(4, fence=3)
     assert log == ["s3"] and not marks  # one stream: step 3's copies end after 1's and 2's
 
 
@@ -61,7 +61,7 @@ def test_saves_past_the_window_are_waited_for_whatever_the_fence() -> None:
     marks = InFlightSaves()
     marks.saved(1, Mark("s1", log))
     marks.saved(2, Mark("s2", log))
-    marks.before_forward(FENCE_STEPS, fence=0)
+    marks.before_step(FENCE_STEPS, fence=0)
     assert log == []
-    marks.before_forward(FENCE_STEPS + 1, fence=0)  # the scheduler forgot step 1
+    marks.before_step(FENCE_STEPS + 1, fence=0)  # the scheduler forgot step 1
     assert log == ["s1"] and marks

@@ -282,7 +282,7 @@ def test_loads_go_by_layer_where_a_spare_core_runs_them(
         assert worker.copies_by_layer is spare
 
 
-def test_a_save_in_flight_holds_back_only_the_forward_pass_that_reuses_its_blocks(
+def test_a_save_in_flight_holds_back_only_the_step_that_reuses_its_blocks(
     workers: list[SlabWorker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a GPU a save returns while its copies run; on the host nothing stays in flight."""
@@ -295,7 +295,7 @@ def test_a_save_in_flight_holds_back_only_the_forward_pass_that_reuses_its_block
 
     def in_flight(*args: Any) -> Any:
         copy(*args)
-        return SimpleNamespace(order_forward=lambda: ordered.append("step 2"))
+        return SimpleNamespace(wait=lambda: ordered.append("step 2"))
 
     monkeypatch.setattr(slab, "save", in_flight)
     worker.save(TierStepPlan(saves=[BlockTransfer(KEYS[1], 2)], step=2))

@@ -617,11 +617,11 @@ def test_a_save_queue_smaller_than_a_block_drops_every_save(make_worker: MakeWor
     assert (stats.saved_blocks, stats.dropped_saves) == (0, 2)
 
 
-def test_a_staging_copy_in_flight_holds_back_only_the_forward_pass_that_reuses_it(
+def test_a_staging_copy_in_flight_holds_back_only_the_step_that_reuses_it(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a GPU the copy into staging slots returns at once; the forward pass waits for it
-    only where the scheduler says it overwrites a block the copy reads."""
+    """On a GPU the copy into staging slots returns at once; a step waits for it only
+    where the scheduler says the step overwrites a block the copy reads."""
     worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=True))
     _save(worker, (K1, 1))
     assert not worker._in_flight  # the host's copies are done when save returns
@@ -631,7 +631,7 @@ def test_a_staging_copy_in_flight_holds_back_only_the_forward_pass_that_reuses_i
 
     def in_flight(*args: Any) -> Any:
         copy(*args)
-        return SimpleNamespace(order_forward=lambda: ordered.append("step 4"))
+        return SimpleNamespace(wait=lambda: ordered.append("step 4"))
 
     monkeypatch.setattr(staging, "save", in_flight)
     worker.save(TierStepPlan(saves=[BlockTransfer(K3, 3)], step=4))
