@@ -113,6 +113,18 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self._all = [(i, c, g) for i, (c, g) in enumerate(self._pairs)]
         # per hook whose base implementation does nothing: the children that override it
         self._callers = {hook: _overriding(self._all, hook) for hook in BASE_NO_OPS}
+        # kvmux tiers that publish no KV events have none to take
+        self._callers["take_events"] = [
+            c for c in self._callers["take_events"] if getattr(c[1], "kvmux_publishes_events", True)
+        ]
+        # children whose update_connector_output acts on their own worker metadata only
+        # (``kvmux_output_needs_meta``, a kvmux tier's) are not called without it
+        self._reads_meta = [
+            getattr(c, "kvmux_output_needs_meta", None) is True for c in self._children
+        ]
+        self._readers = [
+            c for c in self._callers["update_connector_output"] if not self._reads_meta[c[0]]
+        ]
         self._finishers = [(c, g, supports_hma(c)) for c, g in self._pairs]
         self._stats_sources = [(c, g, self._child_paths[g.label]) for c, g in self._pairs]
         self._last_stats_log = time.monotonic()
@@ -319,7 +331,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         """Hand each child its own worker metadata; open breakers the workers opened."""
         meta = connector_output.kv_connector_worker_meta
         if meta is None:  # nothing from the workers: each child sees None too
-            for _, child, guard in self._callers["update_connector_output"]:
+            for _, child, guard in self._readers:
                 try:
                     child.update_connector_output(connector_output)
                 except Exception as exc:
@@ -330,9 +342,13 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
             parts = meta.children
             for i in meta.open_children:
                 self._guards[i].force_open(self.config.breaker_seconds)
+        reads_meta = self._reads_meta
         try:
             for i, child, guard in self._callers["update_connector_output"]:
-                connector_output.kv_connector_worker_meta = None if parts is None else parts[i]
+                part = None if parts is None else parts[i]
+                if part is None and reads_meta[i]:
+                    continue
+                connector_output.kv_connector_worker_meta = part
                 try:
                     child.update_connector_output(connector_output)
                 except Exception as exc:

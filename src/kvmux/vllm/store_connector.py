@@ -115,6 +115,15 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     kvmux_offset_loads = True  # can load a range that starts past the computed tokens
     kvmux_layer_saves = False  # save_kv_layer does nothing: a parent may skip it
+    # update_connector_output acts on the tier's own worker metadata only: a parent may
+    # skip it in a step without any
+    kvmux_output_needs_meta = True
+
+    @property
+    def kvmux_publishes_events(self) -> bool:
+        """Whether take_events may return anything (the engine publishes KV events); a
+        parent may skip it if not."""
+        return getattr(self, "_events", None) is not None
 
     @property
     def kvmux_layer_hooks(self) -> bool:

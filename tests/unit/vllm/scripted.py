@@ -26,6 +26,8 @@ Script keys (all optional):
     reset             reset_cache's answer
     stats             data of the ScriptedStats get_kv_connector_stats returns
     worker_meta       a set of tags: build_connector_worker_meta returns ScriptedWorkerMeta
+    needs_meta        the kvmux_output_needs_meta attribute (as a kvmux tier's)
+    publishes_events  the kvmux_publishes_events attribute (as a kvmux tier's)
 """
 
 from __future__ import annotations
@@ -170,6 +172,10 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._record("__init__", self.kv_transfer_config)
         if "names_loads" in self.script:  # its metadata names its loads, as a kvmux tier's
             self.kvmux_load_blocks = self._named_loads
+        if "needs_meta" in self.script:  # as a kvmux tier's update_connector_output
+            self.kvmux_output_needs_meta = bool(self.script["needs_meta"])
+        if "publishes_events" in self.script:  # as a kvmux tier's take_events
+            self.kvmux_publishes_events = bool(self.script["publishes_events"])
 
     @staticmethod
     def _named_loads(meta: ScriptedMetadata) -> list[int]:

@@ -1153,6 +1153,31 @@ def test_update_connector_output_hands_each_child_its_worker_meta() -> None:
     assert guard(mux, 0).breaker.state == "closed"
 
 
+def test_a_tier_that_reads_only_its_worker_meta_is_not_called_without_it() -> None:
+    mux = make(SCHEDULER, child("tier", needs_meta=True), child("other"))
+    mux.update_connector_output(KVConnectorOutput())
+    assert args_of("tier", "update_connector_output") == []
+    assert [meta for _, meta in args_of("other", "update_connector_output")] == [None]
+    tagged = ScriptedWorkerMeta(frozenset({"t"}))
+    for parts in ((None, tagged), (tagged, None)):
+        mux.update_connector_output(
+            KVConnectorOutput(kv_connector_worker_meta=MuxWorkerMetadata(parts))
+        )
+    assert [meta for _, meta in args_of("tier", "update_connector_output")] == [tagged]
+    assert [meta for _, meta in args_of("other", "update_connector_output")] == [None, tagged, None]
+
+
+def test_take_events_skips_a_tier_that_publishes_none() -> None:
+    mux = make(
+        SCHEDULER,
+        child("silent", publishes_events=False, events=["never"]),
+        child("loud", publishes_events=True, events=["e1"]),
+        child("foreign", events=["e2"]),
+    )
+    assert list(mux.take_events()) == ["e1", "e2"]
+    assert calls("silent", "take_events") == []
+
+
 def test_update_connector_output_without_worker_meta() -> None:
     mux = make(SCHEDULER, child("a"), child("b"))
     output = KVConnectorOutput()

@@ -495,3 +495,11 @@ def test_binding_a_plan_fences_the_forward_pass_before_anything_runs(
     connector.bind_connector_metadata(StoreConnectorMetadata(plan))
     assert fenced == [plan]
     connector.shutdown()
+
+
+def test_a_parent_may_skip_the_calls_that_would_do_nothing() -> None:
+    connector = scheduler(MEMORY)  # no KV events published
+    assert connector.kvmux_publishes_events is False
+    assert list(connector.take_events()) == []
+    assert connector.kvmux_output_needs_meta is True
+    connector.update_connector_output(KVConnectorOutput(invalid_block_ids={1}))  # nothing to do
