@@ -196,7 +196,11 @@ def test_signed_entries_load_only_for_holders_of_the_key(
 
     forger = run_job([generate(MUXED)], kv=signed(theirs), enable_prefix_caching=False)
     assert forger["stats"]["disk"]["saved_blocks"] == 9
-    steps = [generate(MUXED, logprobs=True), generate(MUXED, logprobs=True)]
+    steps = [
+        generate(MUXED, logprobs=True),
+        {"op": "sleep", "seconds": 1.0},  # the writer thread replaces the forger's entries
+        generate(MUXED, logprobs=True),
+    ]
     run = run_job(steps, kv=signed(ours), enable_prefix_caching=False)
     first, second = results(run)
     stats = run["stats"]["disk"]
