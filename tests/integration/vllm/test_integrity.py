@@ -194,11 +194,12 @@ def test_signed_entries_load_only_for_holders_of_the_key(
     def signed(keys: Path) -> dict[str, Any]:
         return store_kv({**disk(folder), "signing": {"key_file": str(keys)}})
 
-    forger = run_job([generate(MUXED)], kv=signed(theirs), enable_prefix_caching=False)
+    settle = {"op": "sleep", "seconds": 1.0}  # the writer thread stores the entries
+    forger = run_job([generate(MUXED), settle], kv=signed(theirs), enable_prefix_caching=False)
     assert forger["stats"]["disk"]["saved_blocks"] == 9
     steps = [
         generate(MUXED, logprobs=True),
-        {"op": "sleep", "seconds": 1.0},  # the writer thread replaces the forger's entries
+        settle,  # its own entries replace the forger's
         generate(MUXED, logprobs=True),
     ]
     run = run_job(steps, kv=signed(ours), enable_prefix_caching=False)
