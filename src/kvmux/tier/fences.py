@@ -54,7 +54,7 @@ class SavedBlocks:
         """The latest remembered step that saved one of ``allocated``; 0 if none.
 
         ``step`` is the step being planned: saves older than ``FENCE_STEPS`` steps are
-        forgotten (the workers order the forward pass after them anyway).
+        forgotten (the workers wait for them anyway).
         """
         saved = self._saved
         while saved and saved[0][0] <= step - self._steps:

@@ -84,7 +84,6 @@ class CudaMark:
     """A save's copies in flight on a CUDA device, up to ``event``."""
 
     event: Any  # torch.cuda.Event
-    device: torch.device
 
     def wait(self) -> None:
         """Return once the copies have landed."""
@@ -237,7 +236,7 @@ class HostSlab:
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(stream)
         self._saved = done
-        return CudaMark(done, self.device)
+        return CudaMark(done)
 
     def _gpu_load(self, layers: list[_Layer], index: torch.Tensor, runs: list[SlotRun]) -> None:
         """Host-to-device copies of the slots' runs, one scatter per layer and run."""

@@ -303,7 +303,7 @@ class SlabWorker(WorkerBase):
             self._stats.add(save_errors=len(keys), store_errors=1)
             self._warn_once("save", "kvmux tier %s: copy-out failed: %r", self.name, exc)
             return 0
-        self._in_flight_until(step, mark)
+        self._in_flight.saved(step, mark)
         for key, slot in zip(keys, slots, strict=True):
             self._slot_of[key] = slot
             self._tags[slot] = key

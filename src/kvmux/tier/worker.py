@@ -314,7 +314,7 @@ class TierWorker(WorkerBase):
             assert staging is not None
             group_slots = [slots[i] for i in indices]
             mark = staging.save(group, [saves[i].block_id for i in indices], group_slots)
-            self._in_flight_until(step, mark)
+            self._in_flight.saved(step, mark)
             specs = self._movers[group].layer_specs
             for index, slot in zip(indices, group_slots, strict=True):
                 copied[index] = _Copied(specs, staging, group, slot)

@@ -15,7 +15,7 @@ import torch
 
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
-from kvmux.tier.fences import InFlightSaves, SaveMark
+from kvmux.tier.fences import InFlightSaves
 from kvmux.tier.loader import AsyncLoader, FinishedLoads
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
 
@@ -164,10 +164,6 @@ class WorkerBase(ABC):
         overwrite (``kvmux.tier.fences``; nothing is in flight on the host)."""
         if self._in_flight:
             self._in_flight.before_step(plan.step, plan.fence)
-
-    def _in_flight_until(self, step: int, mark: SaveMark | None) -> None:
-        """Step ``step``'s save copies are in flight until ``mark`` (None: done)."""
-        self._in_flight.saved(step, mark)
 
     def drop_saves_over(self, block_ids: Iterable[int]) -> None:
         """Blocks another connector failed to load this step: do not save what used them."""

@@ -123,7 +123,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     def kvmux_publishes_events(self) -> bool:
         """Whether take_events may return anything (the engine publishes KV events); a
         parent may skip it if not."""
-        return getattr(self, "_events", None) is not None
+        return self._events is not None
 
     @property
     def kvmux_layer_hooks(self) -> bool:
