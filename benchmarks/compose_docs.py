@@ -1,0 +1,147 @@
+"""Compose docs/benchmarks.md and docs/bench-results from full runs of `kvmux bench`.
+
+usage: python benchmarks/compose_docs.py HEAD_MD SHORT_MD OLD_RESULTS_JSON DOCS_DIR DIR:COMMIT...
+
+HEAD_MD is the text above "## The bars" (what ran, how to read it), SHORT_MD the section
+"## What falls short, and why"; each DIR is a `kvmux bench --out` folder. The old
+results.json's own run joins its `earlier_runs`; the new runs make the bars table (with
+the earlier runs' lowest and highest figure per bar); the last one is shown whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def label(machine: dict[str, Any]) -> str:
+    """A short name of the machine's CPU."""
+    cpu = machine.get("cpu", "")
+    return "EPYC" if "EPYC" in cpu else "Xeon" if "Xeon" in cpu else cpu
+
+
+def summary(run: int, commit: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What results.json keeps of a run that is not the last."""
+    warm = [
+        {
+            k: r[k]
+            for k in ("config", "prompt_tokens", "ttft_warm_s", "ttft_warm_samples_s")
+            if k in r
+        }
+        for r in data["long_prompts"]
+    ]
+    return {
+        "run": run,
+        "commit": commit,
+        "seconds": data["seconds"],
+        "bars": data["bars"],
+        "no_reuse": data["no_reuse"],
+        "warm_ttft": data["warm_ttft"],
+        "long_prompts_warm": warm,
+        "overhead": data["overhead"],
+        "async_loads": data["async_loads"],
+        "label": label(data["machine"]),
+    }
+
+
+def cell(bar: dict[str, Any]) -> str:
+    """A measured figure, marked when the bar is not met."""
+    value = bar["measured"]
+    text = "-" if value is None else f"{value:.3f}"
+    return text if bar["met"] else f"{text} (no)"
+
+
+def limit(value: float) -> str:
+    """A bar's limit as written."""
+    return f"{value:g}"
+
+
+def bars_table(runs: list[tuple[int, str, dict[str, Any]]], earlier: list[dict[str, Any]]) -> str:
+    """Every bar of the new runs, met in all of them or not, and the earlier runs' range."""
+    heads = [f"run {n} ({c}, {label(d['machine'])})" for n, c, d in runs]
+    first, last = earlier[0]["run"], earlier[-1]["run"]
+    lines = [
+        "| bar | "
+        + " | ".join(heads)
+        + f" | bar | met in runs {runs[0][0]} to {runs[-1][0]}"
+        + f" | runs {first} to {last}: lowest to highest |",
+        "|---" * (len(heads) + 4) + "|",
+    ]
+    for bar in runs[-1][2]["bars"]:
+        name = bar["bar"]
+        cells = []
+        met = True
+        for _, _, d in runs:
+            b = next(x for x in d["bars"] if x["bar"] == name)
+            cells.append(cell(b))
+            met = met and b["met"]
+        old = [
+            b["measured"]
+            for e in earlier
+            for b in e["bars"]
+            if b["bar"] == name and b["measured"] is not None
+        ]
+        span = f"{min(old):.3f} to {max(old):.3f}" if old else "-"
+        lines.append(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {limit(bar['limit'])} | {'yes' if met else 'no'} | {span} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def demoted(results_md: str) -> str:
+    """A run's results.md one heading level down, its images under bench-results/."""
+    out = []
+    for line in results_md.splitlines():
+        if line.startswith("# "):  # the run's own title: the docs page has its own
+            continue
+        if line.startswith("#"):
+            line = "#" + line
+        out.append(re.sub(r"\]\((?!http)([^)]+\.png)\)", r"](bench-results/\1)", line))
+    return "\n".join(out).strip() + "\n"
+
+
+def main() -> None:
+    """Write benchmarks.md, results.json and the charts."""
+    head_md, short_md, old_json, docs = (Path(a) for a in sys.argv[1:5])
+    old = json.loads(old_json.read_text())
+    earlier = list(old["earlier_runs"])
+    next_run = earlier[-1]["run"] + 1
+    earlier.append(summary(next_run, old["runs_commit"], old))
+    runs = []
+    for n, spec in enumerate(sys.argv[5:], start=next_run + 1):
+        folder, commit = spec.split(":")
+        runs.append(
+            (n, commit, json.loads((Path(folder) / "results.json").read_text()), Path(folder))
+        )
+    table = bars_table([(n, c, d) for n, c, d, _ in runs], earlier)
+    _, last_c, last, last_dir = runs[-1]
+    text = (
+        head_md.read_text().rstrip()
+        + "\n\n## The bars\n\n"
+        + table
+        + "\n"
+        + short_md.read_text().rstrip()
+    )
+    text += "\n\n## Figures of the last run\n\n" + demoted((last_dir / "results.md").read_text())
+    (docs / "benchmarks.md").write_text(text)
+    out = docs / "bench-results"
+    for png in out.glob("*.png"):
+        png.unlink()
+    for f in last_dir.iterdir():
+        if f.suffix in (".png", ".md"):
+            shutil.copy(f, out / f.name)
+    result = dict(last)
+    result["runs_commit"] = last_c
+    result["runs_commits"] = [e["commit"] for e in earlier] + [c for _, c, _, _ in runs]
+    result["earlier_runs"] = earlier + [summary(n, c, d) for n, c, d, _ in runs[:-1]]
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
