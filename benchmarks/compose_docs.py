@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvmux.tools.bench.report import _table as markdown_table  # the report's own tables
+
 
 def label(machine: dict[str, Any]) -> str:
     """A short name of the machine's CPU."""
@@ -64,21 +66,13 @@ def bars_table(runs: list[tuple[int, str, dict[str, Any]]], earlier: list[dict[s
     """Every bar of the new runs, met in all of them or not, and the earlier runs' range."""
     heads = [f"run {n} ({c}, {label(d['machine'])})" for n, c, d in runs]
     first, last = earlier[0]["run"], earlier[-1]["run"]
-    lines = [
-        "| bar | "
-        + " | ".join(heads)
-        + f" | bar | met in runs {runs[0][0]} to {runs[-1][0]}"
-        + f" | runs {first} to {last}: lowest to highest |",
-        "|---" * (len(heads) + 4) + "|",
-    ]
+    header = ["bar", *heads, "bar", f"met in runs {runs[0][0]} to {runs[-1][0]}"]
+    header.append(f"runs {first} to {last}: lowest to highest")
+    rows = []
     for bar in runs[-1][2]["bars"]:
         name = bar["bar"]
-        cells = []
-        met = True
-        for _, _, d in runs:
-            b = next(x for x in d["bars"] if x["bar"] == name)
-            cells.append(cell(b))
-            met = met and b["met"]
+        found = [next(x for x in d["bars"] if x["bar"] == name) for _, _, d in runs]
+        met = all(b["met"] for b in found)
         old = [
             b["measured"]
             for e in earlier
@@ -86,12 +80,8 @@ def bars_table(runs: list[tuple[int, str, dict[str, Any]]], earlier: list[dict[s
             if b["bar"] == name and b["measured"] is not None
         ]
         span = f"{min(old):.3f} to {max(old):.3f}" if old else "-"
-        lines.append(
-            f"| {name} | "
-            + " | ".join(cells)
-            + f" | {limit(bar['limit'])} | {'yes' if met else 'no'} | {span} |"
-        )
-    return "\n".join(lines) + "\n"
+        rows.append([name, *map(cell, found), limit(bar["limit"]), "yes" if met else "no", span])
+    return "\n".join(markdown_table(header, rows))
 
 
 def demoted(results_md: str) -> str:
