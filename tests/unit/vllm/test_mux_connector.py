@@ -1196,6 +1196,12 @@ def test_build_connector_worker_meta() -> None:
     )
 
 
+def test_worker_metadata_names_a_child_cut_off_even_when_no_child_has_metadata() -> None:
+    mux = make(WORKER, child("a"), child("b"))
+    script("a")["raise_in"] = ["build_connector_worker_meta"]
+    assert mux.build_connector_worker_meta() == MuxWorkerMetadata((None, None), frozenset({0}))
+
+
 def test_mux_worker_metadata_aggregate() -> None:
     def tags(*t: str) -> ScriptedWorkerMeta:
         return ScriptedWorkerMeta(frozenset(t))
