@@ -12,14 +12,6 @@ part of the parent's cores) are not spare either.
 
 On an accelerator the worker is not bound: nothing moves, only the priority drops.
 
-A helper also shortens the interpreter's thread switch interval, process-wide, to
-``HELPER_SWITCH_SECONDS`` (never lengthens it). The forward pass gives up the interpreter
-lock inside each torch operation and takes it back between them; when a helper holds it
-meanwhile in Python code (parsing an entry, bookkeeping), the engine thread waits until
-the helper lets go, or until the switch interval (5 ms by default) forces it to. In
-the benchmark's disk-loading workload, the decode steps slower than the third slowest
-step without loads numbered 0 to 10 per run (by up to 10 ms) at 5 ms, 0 or 1 at 0.5 ms.
-
 Each helper also takes its Python name as its system name (Linux, 15 characters:
 ``kvmux-disk-save``), so ``top -H``, ``ps -L`` and profilers tell it from the engine's.
 """
@@ -35,7 +27,6 @@ from pathlib import Path
 
 __all__ = [
     "HELPER_NICE",
-    "HELPER_SWITCH_SECONDS",
     "SYSTEM_NAME_LENGTH",
     "child_pids",
     "has_spare_core",
@@ -46,7 +37,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 HELPER_NICE = 10  # helper threads' CPU priority (Linux): the forward pass's threads come first
-HELPER_SWITCH_SECONDS = 0.0005  # the longest the engine thread waits for a helper's lock
 SYSTEM_NAME_LENGTH = 15  # characters of a thread's system name (Linux: 16 bytes with the NUL)
 
 
@@ -111,11 +101,8 @@ def in_background() -> None:
     give it its Python name as its system name.
 
     Linux only; elsewhere, or if the system refuses, the thread keeps its cores, priority
-    and name. On every platform the process's switch interval drops to
-    ``HELPER_SWITCH_SECONDS`` if it is longer.
+    and name.
     """
-    if sys.getswitchinterval() > HELPER_SWITCH_SECONDS:
-        sys.setswitchinterval(HELPER_SWITCH_SECONDS)
     if not sys.platform.startswith("linux"):
         return
     _name_this_thread(threading.current_thread().name)

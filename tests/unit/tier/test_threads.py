@@ -13,7 +13,6 @@ import pytest
 
 from kvmux.tier.threads import (
     HELPER_NICE,
-    HELPER_SWITCH_SECONDS,
     has_spare_core,
     in_background,
     sibling_cores,
@@ -128,25 +127,3 @@ def test_a_helper_thread_takes_its_python_name_as_its_system_name() -> None:
     thread.start()
     thread.join()
     assert seen == ["kvmux-redis-sav\n"]
-
-
-def _switch_interval_after_a_helper_starts(before: float) -> float:
-    """The process's switch interval once a helper started with ``before`` set."""
-    saved = sys.getswitchinterval()
-    sys.setswitchinterval(before)
-    try:
-        helper = threading.Thread(target=in_background)
-        helper.start()
-        helper.join()
-        return sys.getswitchinterval()
-    finally:
-        sys.setswitchinterval(saved)
-
-
-def test_a_helper_shortens_the_switch_interval_so_the_engine_thread_waits_less() -> None:
-    assert _switch_interval_after_a_helper_starts(0.005) == pytest.approx(HELPER_SWITCH_SECONDS)
-
-
-def test_a_helper_never_lengthens_a_shorter_switch_interval() -> None:
-    shorter = HELPER_SWITCH_SECONDS / 2
-    assert _switch_interval_after_a_helper_starts(shorter) == pytest.approx(shorter)
