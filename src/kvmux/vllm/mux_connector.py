@@ -67,7 +67,6 @@ BASE_NO_OPS = (
 # change or a finished request, so an engine going idle has reported them all); they are
 # exact, only reported later. Children's own stats go out every step.
 COUNTERS_SECONDS = 1.0
-_NONE_OPENED: frozenset[int] = frozenset()  # no child cut off by this worker
 
 
 class MuxConnector(KVConnectorBase_V1, SupportsHMA):
@@ -495,13 +494,13 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """Bind each child's metadata, in order."""
+        KVConnectorBase_V1.bind_connector_metadata(self, connector_metadata)  # no super(): hot
         assert isinstance(connector_metadata, MuxMetadata)
-        self._connector_metadata = connector_metadata  # the base's, without its call: hot
         self._worker.begin_step(connector_metadata.plan, connector_metadata.children)
 
     def clear_connector_metadata(self) -> None:
         """Unbind every child."""
-        self._connector_metadata = None  # the base's, without its call: hot
+        KVConnectorBase_V1.clear_connector_metadata(self)
         self._worker.end_step()
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
@@ -583,24 +582,18 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         """Each child's worker metadata, and which children this worker has cut off."""
-        metas: list[KVConnectorWorkerMetadata | None] | None = None  # made at the first
-        opened = _NONE_OPENED
+        metas: list[KVConnectorWorkerMetadata | None] = []
+        opened: frozenset[int] = frozenset()
         for i, child, guard in self._all:
             try:
-                meta = child.build_connector_worker_meta()
+                metas.append(child.build_connector_worker_meta())
             except Exception as exc:
                 guard.fail("build_connector_worker_meta", exc)
-                meta = None
-            if meta is not None and metas is None:
-                metas = [None] * i
-            if metas is not None:
-                metas.append(meta)
+                metas.append(None)
             if not guard.closed and guard.cut_off():
                 opened |= {i}
-        if metas is None:
-            if not opened:
-                return None
-            metas = [None] * len(self._all)
+        if not opened and metas.count(None) == len(metas):
+            return None
         return MuxWorkerMetadata(tuple(metas), opened)
 
     def get_kv_connector_stats(self) -> MuxConnectorStats | None:
