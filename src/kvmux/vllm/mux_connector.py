@@ -503,6 +503,18 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         KVConnectorBase_V1.clear_connector_metadata(self)
         self._worker.end_step()
 
+    def has_connector_metadata(self) -> bool:
+        """Whether a child has per-layer work in this step.
+
+        vLLM asks this before each attention layer and calls ``wait_for_layer_load`` and
+        ``save_kv_layer`` only if it holds, so a step in which no child works per layer
+        (kvmux tiers without a layer-by-layer load, mostly) costs no call per layer.
+        """
+        worker = self._worker
+        if worker is None:
+            return KVConnectorBase_V1.has_connector_metadata(self)
+        return bool(worker.layer_loads or worker.layer_saves)
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """Each child handles preemptions with its own metadata."""
         assert isinstance(kv_connector_metadata, MuxMetadata)

@@ -61,10 +61,6 @@ RELEASES: dict[str, dict[str, Any]] = {
 # Hooks whose vLLM base-class default is already right for the mux, and why.
 INHERITED_ON_PURPOSE: dict[str, str] = {
     "role": "the mux's own role, set by KVConnectorBase_V1.__init__; children get the same",
-    "has_connector_metadata": (
-        "reads the mux's own _connector_metadata, which bind_connector_metadata and "
-        "clear_connector_metadata set and clear through super()"
-    ),
 }
 
 # Kinds of a base hook that an override may have.

@@ -171,8 +171,9 @@ class Engine:
         w = self.worker
         w.bind_connector_metadata(meta)
         w.start_load_kv(FORWARD)
-        w.wait_for_layer_load("layer.0")
-        w.save_kv_layer("layer.0", KV_LAYER, ATTN)
+        if w.has_connector_metadata():  # vLLM's gate of the per-layer hooks
+            w.wait_for_layer_load("layer.0")
+            w.save_kv_layer("layer.0", KV_LAYER, ATTN)
         w.wait_for_save()
         results = w.get_transfer_results(set(finished or ()))
         errors = w.get_block_ids_with_load_errors()
@@ -483,6 +484,32 @@ def test_per_layer_hooks_go_only_to_children_they_do_work_for() -> None:
     assert args_of("a", "wait_for_layer_load") == [("layer.0",)]
     assert args_of("a", "save_kv_layer") == []
     assert args_of("b", "wait_for_layer_load") == args_of("b", "save_kv_layer") == []
+
+
+def test_no_per_layer_calls_in_a_step_without_per_layer_work() -> None:
+    engine = Engine(child("a"), child("b"))
+    for c in engine.worker.children:
+        c.kvmux_layer_hooks = False  # kvmux tiers copying whole steps
+    engine.worker.register_kv_caches({"layer.0": KV_LAYER})
+    engine.worker.bind_connector_metadata(engine.meta())
+    assert not engine.worker.has_connector_metadata()  # vLLM skips both hooks per layer
+    engine.worker.clear_connector_metadata()
+    engine.step()
+    for name in ("a", "b"):
+        assert args_of(name, "bind_connector_metadata") != []
+        assert args_of(name, "wait_for_layer_load") == args_of(name, "save_kv_layer") == []
+
+
+def test_per_layer_calls_while_a_child_works_per_layer() -> None:
+    engine = Engine(child("a"), child("b"))
+    a, b = engine.worker.children
+    a.kvmux_layer_saves = False  # loads layer by layer, saves whole steps
+    b.kvmux_layer_hooks = False
+    engine.worker.register_kv_caches({"layer.0": KV_LAYER})
+    engine.worker.bind_connector_metadata(engine.meta())
+    assert engine.worker.has_connector_metadata()
+    engine.worker.clear_connector_metadata()
+    assert not engine.worker.has_connector_metadata()
 
 
 def test_handle_preemptions_passes_each_child_its_own_metadata() -> None:
