@@ -320,7 +320,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker.register(kv_caches, self._kv_cache_config.num_blocks, layers)
 
     def _plan(self) -> TierStepPlan | None:
-        if not self.has_connector_metadata():
+        if not KVConnectorBase_V1.has_connector_metadata(self):
             return None
         meta = self._get_connector_metadata()
         return meta.plan if isinstance(meta, StoreConnectorMetadata) else None
@@ -332,6 +332,13 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None and isinstance(connector_metadata, StoreConnectorMetadata):
             self._worker.fence(connector_metadata.plan)
+
+    def has_connector_metadata(self) -> bool:
+        """Whether this step has per-layer work: vLLM asks before every attention layer
+        and calls ``wait_for_layer_load`` and ``save_kv_layer`` only if so. Only a memory
+        tier copying a step's loads layer by layer has any."""
+        plan = self._plan()
+        return plan is not None and bool(plan.loads) and self.kvmux_layer_hooks
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Load the synchronous loads' blocks now; start the asynchronous loads."""

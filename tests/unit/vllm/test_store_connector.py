@@ -503,3 +503,27 @@ def test_a_parent_may_skip_the_calls_that_would_do_nothing() -> None:
     assert list(connector.take_events()) == []
     assert connector.kvmux_output_needs_meta is True
     connector.update_connector_output(KVConnectorOutput(invalid_block_ids={1}))  # nothing to do
+
+
+@pytest.mark.parametrize(
+    ("by_layer", "loads", "expected"),
+    [
+        (False, True, False),
+        (True, False, False),
+        (True, True, True),
+    ],
+)
+def test_per_layer_calls_only_for_a_step_loading_layer_by_layer(
+    monkeypatch: pytest.MonkeyPatch, by_layer: bool, loads: bool, expected: bool
+) -> None:
+    connector = worker(monkeypatch, MEMORY, None)
+    assert connector._worker is not None
+    monkeypatch.setattr(type(connector._worker), "copies_by_layer", property(lambda _: by_layer))
+    key = block_keys(namespace_id({"unit": 1}), list(range(BLOCK)), BLOCK)[0]
+    plan = TierStepPlan(loads=[BlockTransfer(key, 1, 0)] if loads else [])
+    assert not connector.has_connector_metadata()  # nothing bound
+    connector.bind_connector_metadata(StoreConnectorMetadata(plan))
+    assert connector.has_connector_metadata() is expected  # vLLM's gate of the layer hooks
+    connector.clear_connector_metadata()
+    assert not connector.has_connector_metadata()
+    connector.shutdown()
