@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["machine_info", "write_report"]
+__all__ = ["machine_info", "markdown_table", "write_report"]
 
 _SCALARS = (str, int, float, bool, type(None))
 _STORE_COLUMNS = (
@@ -69,7 +69,8 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A markdown table of ``rows`` under ``header``, as lines (a blank one last)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     return [*lines, ""]
@@ -93,7 +94,7 @@ def _is_table(value: Any) -> bool:
 
 def _dict_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    return _table(columns, [[row.get(c) for c in columns] for row in rows])
+    return markdown_table(columns, [[row.get(c) for c in columns] for row in rows])
 
 
 def _store_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -109,7 +110,7 @@ def _stores_section(stores: Mapping[str, Any], rows: list[dict[str, Any]]) -> li
         if isinstance(info, dict):
             lines += [f"- **{name}**: " + "; ".join(f"{k}: {_cell(v)}" for k, v in info.items())]
     lines.append("")
-    lines += _table(
+    lines += markdown_table(
         [title for _, title in _STORE_COLUMNS],
         [[row.get(key) for key, _ in _STORE_COLUMNS] for row in rows],
     )
@@ -241,7 +242,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         data["machine"] = machine_info()
     (out / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     lines = ["# kvmux benchmark results", "", "## Machine", ""]
-    lines += _table(["", "value"], list(data["machine"].items()))
+    lines += markdown_table(["", "value"], list(data["machine"].items()))
     rows = _store_rows(data)
     if rows:
         lines += _stores_section(data["stores"], rows)
