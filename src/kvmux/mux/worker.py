@@ -26,6 +26,7 @@ Child = tuple[int, Any, ChildGuard]  # position, connector, guard
 LayerCall = tuple[int, Any]  # a child's position and whose per-layer hooks to call
 _NONE: tuple[Child, ...] = ()
 _NO_LAYER_CALLS: tuple[LayerCall, ...] = ()
+_NO_CHILDREN: frozenset[int] = frozenset()
 
 
 class _Trial:
@@ -165,12 +166,15 @@ class MuxWorker:
             self.sending.expect(req_id, children)
 
     def _pick_layer_calls(self) -> None:
-        """The per-layer hooks of this step: live children whose layer hooks do work.
+        """The per-layer hooks of this step: live children whose layer hooks do work, and
+        that say so this step (``has_connector_metadata``: vLLM's own question before
+        each layer, which a child alone would be asked).
 
         A child whose breaker is not closed (half-open: this is its trial) goes through
         its guard (``_Trial``), so that a success closes the breaker.
         """
-        if self._loaders is self._all and self._savers is self._all:
+        quiet = self._quiet_layer_children()
+        if not quiet and self._loaders is self._all and self._savers is self._all:
             for _, _, guard in self._per_layer:
                 if not guard.closed:
                     break
@@ -183,12 +187,27 @@ class MuxWorker:
         loads: list[LayerCall] = []
         saves: list[LayerCall] = []
         for i, child, guard in self._per_layer:
+            if i in quiet:
+                continue
             callee = child if guard.closed else _Trial(self, i, child)
             if i in loaders and i in self._layer_loaders:
                 loads.append((i, callee))
             if i in savers and i in self._layer_savers:
                 saves.append((i, callee))
         self.layer_loads, self.layer_saves = loads, saves
+
+    def _quiet_layer_children(self) -> frozenset[int]:
+        """Children with per-layer hooks that have no per-layer work this step."""
+        quiet: set[int] | None = None
+        for i, child, _ in self._per_layer:
+            try:
+                if child.has_connector_metadata():
+                    continue
+            except Exception:  # no answer: its hooks are called, and fail there if they do
+                continue
+            quiet = quiet or set()
+            quiet.add(i)
+        return frozenset(quiet) if quiet else _NO_CHILDREN
 
     def trial(self, i: int, hook: str, method: Callable[..., Any], *args: Any, **kw: Any) -> None:
         """A per-layer hook of a child whose breaker is not closed, through its guard."""

@@ -512,6 +512,32 @@ def test_per_layer_calls_while_a_child_works_per_layer() -> None:
     assert not engine.worker.has_connector_metadata()
 
 
+def test_a_child_without_per_layer_work_this_step_gets_no_per_layer_calls() -> None:
+    engine = Engine(child("a"), child("b"))
+    a, b = engine.worker.children
+    a.has_connector_metadata = lambda: False  # e.g. a memory tier with no load this step
+    engine.step()
+    assert args_of("a", "wait_for_layer_load") == args_of("a", "save_kv_layer") == []
+    assert args_of("b", "wait_for_layer_load") == [("layer.0",)]
+    b.has_connector_metadata = lambda: False
+    engine.worker.bind_connector_metadata(engine.meta())
+    assert not engine.worker.has_connector_metadata()  # nobody: vLLM skips every layer
+    engine.worker.clear_connector_metadata()
+
+
+def test_a_child_that_cannot_say_whether_it_works_per_layer_is_called() -> None:
+    engine = Engine(child("a"))
+    (a,) = engine.worker.children
+
+    def broken() -> bool:
+        raise RuntimeError("no answer")
+
+    a.has_connector_metadata = broken
+    engine.step()
+    assert args_of("a", "wait_for_layer_load") == [("layer.0",)]
+    assert guard(engine.worker, 0).counters["errors"] == 0
+
+
 def test_handle_preemptions_passes_each_child_its_own_metadata() -> None:
     engine = Engine(child("a"), child("b"))
     meta = engine.meta()
