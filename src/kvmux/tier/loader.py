@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvmux.tier.plan import BlockTransfer, RequestLoad
-from kvmux.tier.switching import quick_switching
 from kvmux.tier.threads import in_background
 from kvmux.tier.transfer import CopyStream
 
@@ -148,7 +147,7 @@ class AsyncLoader:
         try:
             if self._copies is None:
                 raise RuntimeError("no KV cache registered")
-            with self._copies.active(), quick_switching():
+            with self._copies.active():
                 for first in range(0, len(load.positions), self._batch_size):
                     batch = load.positions[first : first + self._batch_size]
                     self._budget.take(sum(map(self._size_of, _flat(batch))), cancel)

@@ -3,7 +3,6 @@ each request reported exactly once, failures by position, aborts stop a load."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ torch = pytest.importorskip("torch")
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores import KVStore, MemoryStore  # noqa: E402
-from kvmux.tier import loader, switching  # noqa: E402
+from kvmux.tier import loader  # noqa: E402
 from kvmux.tier.loader import FinishedLoads, StepBudget  # noqa: E402
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
 from kvmux.tier.worker import TierWorker  # noqa: E402
@@ -252,27 +251,3 @@ def test_an_idle_step_lets_a_paced_load_run_unpaced() -> None:
     taker.join(timeout=30)
     assert not taker.is_alive()
     budget.unpace(False)
-
-
-def test_the_switch_interval_is_short_while_a_load_reads(make_worker: MakeWorker) -> None:
-    """The engine's thread waits less for the loader's interpreter lock while it loads."""
-    seen: list[float] = []
-
-    class WatchedStore(MemoryStore):
-        def get(self, key: bytes) -> bytes | None:
-            seen.append(sys.getswitchinterval())
-            return super().get(key)
-
-    store = WatchedStore(1 << 20)
-    _stored(store, make_worker, 2)
-    saved = sys.getswitchinterval()
-    sys.setswitchinterval(0.005)
-    try:
-        worker = make_worker(store, _caches(random=False), TierStats())
-        seen.clear()
-        worker.start_loads([_load("r", 0, KEYS[:2], [6, 7])])
-        assert _wait(worker) == FinishedLoads(finished={"r"})
-        assert seen and all(s == pytest.approx(switching.LOADING_SWITCH_SECONDS) for s in seen)
-        assert sys.getswitchinterval() == pytest.approx(0.005)  # back once no load runs
-    finally:
-        sys.setswitchinterval(saved)
