@@ -79,6 +79,7 @@ class MuxWorker:
         # children whose per-layer hooks do work (kvmux tiers copy whole steps, except a
         # memory tier copying loads layer by layer): see refresh_layer_hooks
         self._per_layer: list[Child] = []
+        self._asked: list[Child] = []
         self._layer_loaders: set[int] = set()
         self._layer_savers: set[int] = set()
         self._every_layer_load: Sequence[LayerCall] = _NO_LAYER_CALLS
@@ -110,6 +111,9 @@ class MuxWorker:
         self._layer_savers = {i for i, child, _ in self._all if saves(child)}
         doing = self._layer_loaders | self._layer_savers
         self._per_layer = [c for c in self._all if c[0] in doing]
+        # children that say per step whether they have per-layer work: asked before each
+        # step's layer calls (others, foreign connectors, are not asked: as MultiConnector)
+        self._asked = [c for c in self._per_layer if _says_layer_work(c[1])]
         self._every_layer_load = [(i, c) for i, c, _ in self._all if i in self._layer_loaders]
         self._every_layer_save = [(i, c) for i, c, _ in self._all if i in self._layer_savers]
 
@@ -166,9 +170,8 @@ class MuxWorker:
             self.sending.expect(req_id, children)
 
     def _pick_layer_calls(self) -> None:
-        """The per-layer hooks of this step: live children whose layer hooks do work, and
-        that say so this step (``has_connector_metadata``: vLLM's own question before
-        each layer, which a child alone would be asked).
+        """The per-layer hooks of this step: live children whose layer hooks do work, less
+        those that say they have none this step (``_quiet_layer_children``).
 
         A child whose breaker is not closed (half-open: this is its trial) goes through
         its guard (``_Trial``), so that a success closes the breaker.
@@ -197,9 +200,12 @@ class MuxWorker:
         self.layer_loads, self.layer_saves = loads, saves
 
     def _quiet_layer_children(self) -> frozenset[int]:
-        """Children with per-layer hooks that have no per-layer work this step."""
+        """Children with per-layer hooks that say they have no per-layer work this step
+        (``kvmux_layer_work_by_step``: their ``has_connector_metadata`` tells)."""
+        if not self._asked:
+            return _NO_CHILDREN
         quiet: set[int] | None = None
-        for i, child, _ in self._per_layer:
+        for i, child, _ in self._asked:
             try:
                 if child.has_connector_metadata():
                     continue
@@ -397,6 +403,12 @@ class MuxWorker:
         if self.per_request_failures:
             errors = set()
         return _add_load_errors(self._all, errors)
+
+
+def _says_layer_work(child: Any) -> bool:
+    """Whether ``child`` declares that ``has_connector_metadata`` tells, step by step,
+    whether its per-layer hooks have work (as vLLM asks a connector alone)."""
+    return getattr(child, "kvmux_layer_work_by_step", False) is True
 
 
 def _add_load_errors(children: Sequence[Child], errors: set[int]) -> set[int]:

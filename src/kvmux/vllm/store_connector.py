@@ -115,6 +115,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     kvmux_offset_loads = True  # can load a range that starts past the computed tokens
     kvmux_layer_saves = False  # save_kv_layer does nothing: a parent may skip it
+    # has_connector_metadata says whether this step has per-layer work: a parent may ask
+    kvmux_layer_work_by_step = True
     # update_connector_output acts on the tier's own worker metadata only: a parent may
     # skip it in a step without any
     kvmux_output_needs_meta = True

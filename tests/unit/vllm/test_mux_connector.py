@@ -515,6 +515,9 @@ def test_per_layer_calls_while_a_child_works_per_layer() -> None:
 def test_a_child_without_per_layer_work_this_step_gets_no_per_layer_calls() -> None:
     engine = Engine(child("a"), child("b"))
     a, b = engine.worker.children
+    for c in (a, b):
+        c.kvmux_layer_work_by_step = True  # a kvmux tier: its answer is per step
+    engine.worker.register_kv_caches({"layer.0": KV_LAYER})  # children decide, the mux asks
     a.has_connector_metadata = lambda: False  # e.g. a memory tier with no load this step
     engine.step()
     assert args_of("a", "wait_for_layer_load") == args_of("a", "save_kv_layer") == []
@@ -532,10 +535,22 @@ def test_a_child_that_cannot_say_whether_it_works_per_layer_is_called() -> None:
     def broken() -> bool:
         raise RuntimeError("no answer")
 
+    a.kvmux_layer_work_by_step = True
+    engine.worker.register_kv_caches({"layer.0": KV_LAYER})
     a.has_connector_metadata = broken
     engine.step()
     assert args_of("a", "wait_for_layer_load") == [("layer.0",)]
     assert guard(engine.worker, 0).counters["errors"] == 0
+
+
+def test_a_foreign_child_is_not_asked_whether_it_works_per_layer() -> None:
+    engine = Engine(child("a"))  # as under MultiConnector: its hooks see no extra call
+    (a,) = engine.worker.children
+    asked: list[bool] = []
+    a.has_connector_metadata = lambda: asked.append(True) or False
+    engine.step()
+    assert asked == []
+    assert args_of("a", "wait_for_layer_load") == [("layer.0",)]
 
 
 def test_handle_preemptions_passes_each_child_its_own_metadata() -> None:
