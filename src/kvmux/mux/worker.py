@@ -204,16 +204,7 @@ class MuxWorker:
         (``kvmux_layer_work_by_step``: their ``has_connector_metadata`` tells)."""
         if not self._asked:
             return _NO_CHILDREN
-        quiet: set[int] | None = None
-        for i, child, _ in self._asked:
-            try:
-                if child.has_connector_metadata():
-                    continue
-            except Exception:  # no answer: its hooks are called, and fail there if they do
-                continue
-            quiet = quiet or set()
-            quiet.add(i)
-        return frozenset(quiet) if quiet else _NO_CHILDREN
+        return frozenset(i for i, child, _ in self._asked if not _has_layer_work(child))
 
     def trial(self, i: int, hook: str, method: Callable[..., Any], *args: Any, **kw: Any) -> None:
         """A per-layer hook of a child whose breaker is not closed, through its guard."""
@@ -409,6 +400,15 @@ def _says_layer_work(child: Any) -> bool:
     """Whether ``child`` declares that ``has_connector_metadata`` tells, step by step,
     whether its per-layer hooks have work (as vLLM asks a connector alone)."""
     return getattr(child, "kvmux_layer_work_by_step", False) is True
+
+
+def _has_layer_work(child: Any) -> bool:
+    """A declaring child's answer for this step; yes if it cannot answer (its hooks are
+    then called, and fail there if they do)."""
+    try:
+        return bool(child.has_connector_metadata())
+    except Exception:
+        return True
 
 
 def _add_load_errors(children: Sequence[Child], errors: set[int]) -> set[int]:
