@@ -12,12 +12,17 @@ Anyone who can write to the directory can plant anything in it: only a regular f
 at most ``capacity`` bytes is an entry (anything larger is a miss, never read), symlinks
 are not followed, and every OS error becomes a StoreError or, for a missing file, a miss.
 Eviction passes over a shard it cannot list or a file it cannot remove.
+
+Entries are written around the page cache (``O_DIRECT``, see ``direct_io.py``) unless
+``direct_writes`` is off or the file system refuses it; reads go through the page cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import stat
 import tempfile
 import threading
@@ -27,8 +32,11 @@ from pathlib import Path
 
 from kvmux.errors import StoreError, StoreUnavailable
 from kvmux.stores.base import KVStore, StoredEntry, ValueParts
+from kvmux.stores.direct_io import DIRECT_MIN_BYTES, O_DIRECT, DirectRefused, DirectWriter
 
 __all__ = ["DiskStore"]
+
+log = logging.getLogger(__name__)
 
 _SUFFIX = ".kvx"
 _GENERATION = "generation"  # file holding the directory's generation (see KVStore)
@@ -52,6 +60,10 @@ def _write_all(fd: int, parts: ValueParts) -> None:
             written -= views.pop(0).nbytes
         if written:
             views[0] = views[0][written:]
+
+
+def _nbytes(parts: ValueParts) -> int:
+    return sum(memoryview(part).nbytes for part in parts)
 
 
 def _read_head(fd: int, size: int) -> bytes:
@@ -112,10 +124,19 @@ class DiskStore(KVStore):
 
     parallel_reads = True
 
-    def __init__(self, path: Path, capacity: int, name: str = "disk", touch: bool = True):
+    def __init__(
+        self,
+        path: Path,
+        capacity: int,
+        name: str = "disk",
+        touch: bool = True,
+        direct_writes: bool = True,
+    ):
         self.name = name
         self.capacity = capacity
         self.touch = touch  # False: reads leave mtimes (recency) alone, as operators' tools need
+        # entries written around the page cache (direct_io.py); None: through it
+        self._direct = DirectWriter() if direct_writes and O_DIRECT else None
         self.root = Path(path)
         self._tmp = self.root / "tmp"
         self._lock = threading.Lock()
@@ -125,6 +146,11 @@ class DiskStore(KVStore):
         except StoreError as exc:
             raise StoreUnavailable(str(exc)) from exc
         self._unscanned = 0  # bytes this process wrote since it last scanned the directory
+
+    @property
+    def writes_directly(self) -> bool:
+        """Whether large entries are written around the page cache (``O_DIRECT``)."""
+        return self._direct is not None
 
     def _prepare_directory(self) -> None:
         try:
@@ -198,7 +224,7 @@ class DiskStore(KVStore):
         return [self._put(key, parts) for key, parts in items]
 
     def _put(self, key: bytes, parts: ValueParts) -> bool:
-        size = sum(memoryview(part).nbytes for part in parts)
+        size = _nbytes(parts)
         if size > self.capacity:
             return False
         target = self._path(key)
@@ -218,6 +244,28 @@ class DiskStore(KVStore):
     def _write_temp(self, target: Path, parts: ValueParts) -> str:
         try:
             target.parent.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise self._error("write", exc) from exc
+        if self._direct is not None and _nbytes(parts) >= DIRECT_MIN_BYTES:
+            tmp_name = str(self._tmp / f"{secrets.token_hex(8)}.part")
+            try:
+                self._direct.write_new(tmp_name, parts)
+                return tmp_name
+            except DirectRefused as exc:  # this file system: through the page cache from now on
+                self._direct = None
+                log.info(
+                    "kvmux disk %s: %s refuses O_DIRECT (%s); writing through the page cache",
+                    self.name,
+                    self.root,
+                    exc.strerror,
+                )
+            except OSError as exc:
+                raise self._error("write", exc) from exc
+        return self._write_buffered(parts)
+
+    def _write_buffered(self, parts: ValueParts) -> str:
+        """Write ``parts`` to a new temporary file through the page cache; its name."""
+        try:
             fd, tmp_name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
         except OSError as exc:
             raise self._error("write", exc) from exc

@@ -18,7 +18,13 @@ def open_store(spec: StoreSpec, touch: bool = True) -> KVStore:
     if isinstance(spec, MemorySpec):
         return MemoryStore(spec.capacity, name=spec.name)
     if isinstance(spec, DiskSpec):
-        return DiskStore(spec.path, spec.capacity, name=spec.name, touch=touch)
+        return DiskStore(
+            spec.path,
+            spec.capacity,
+            name=spec.name,
+            touch=touch,
+            direct_writes=spec.direct_writes,
+        )
     if isinstance(spec, RedisSpec):
         from kvmux.stores.redis import RedisStore
 

@@ -13,6 +13,7 @@ import pytest
 
 from kvmux.config import RedisSpec
 from kvmux.stores import DiskStore, KVStore, MemoryStore
+from kvmux.stores import disk as disk_module
 from kvmux.stores.redis import RedisStore
 
 MakeStore = Callable[[int], KVStore]
@@ -47,7 +48,10 @@ def _redis(url: str, cluster: bool, max_value_size: int = 64 * 2**20) -> RedisSt
 
 
 SERVERS = ["redis", "valkey"]  # the Redis tier's store, on redis-server and on valkey-server
-STORES = ["memory", "disk"] + [f"{s}{v}" for s in SERVERS for v in ("", "-split", "-cluster")]
+# disk-direct: every entry written around the page cache, however small
+STORES = ["memory", "disk", "disk-direct"] + [
+    f"{s}{v}" for s in SERVERS for v in ("", "-split", "-cluster")
+]
 
 
 def _server_store(request: pytest.FixtureRequest, variant: str) -> RedisStore:
@@ -62,14 +66,18 @@ def _server_store(request: pytest.FixtureRequest, variant: str) -> RedisStore:
 
 
 @pytest.fixture(params=STORES)
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeStore]:
+def make_store(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[MakeStore]:
     opened: list[KVStore] = []
+    if request.param == "disk-direct":
+        monkeypatch.setattr(disk_module, "DIRECT_MIN_BYTES", 0)
 
     def make(capacity: int) -> KVStore:
         store: KVStore
         if request.param == "memory":
             store = MemoryStore(capacity, name="mem-test")
-        elif request.param == "disk":
+        elif request.param.startswith("disk"):
             store = DiskStore(tmp_path / f"store{len(opened)}", capacity, name="disk-test")
         else:
             store = _server_store(request, request.param)
