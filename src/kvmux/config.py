@@ -94,7 +94,7 @@ class DiskSpec:
     path: Path  # directory holding the entries (created 0700 if missing)
     capacity: int  # byte budget; oldest entries are evicted past it
     name: str = "disk"  # label used in logs and stats
-    direct_writes: bool = True  # write entries around the page cache (O_DIRECT) where allowed
+    direct_writes: bool = False  # True: write entries around the page cache (O_DIRECT)
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
@@ -212,7 +212,7 @@ def parse_store_spec(raw: Any, where: str = "store") -> StoreSpec:
         path=Path(path).expanduser(),
         capacity=capacity,
         name=_name(spec, "disk", where),
-        direct_writes=_boolean(spec, "direct_writes", True, where),
+        direct_writes=_boolean(spec, "direct_writes", False, where),
         **options,
     )
 

@@ -13,8 +13,8 @@ at most ``capacity`` bytes is an entry (anything larger is a miss, never read), 
 are not followed, and every OS error becomes a StoreError or, for a missing file, a miss.
 Eviction passes over a shard it cannot list or a file it cannot remove.
 
-Entries are written around the page cache (``O_DIRECT``, see ``direct_io.py``) unless
-``direct_writes`` is off or the file system refuses it; reads go through the page cache.
+With ``direct_writes``, entries are written around the page cache (``O_DIRECT``, see
+``direct_io.py``) unless the file system refuses it; reads go through the page cache.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class DiskStore(KVStore):
         capacity: int,
         name: str = "disk",
         touch: bool = True,
-        direct_writes: bool = True,
+        direct_writes: bool = False,
     ):
         self.name = name
         self.capacity = capacity

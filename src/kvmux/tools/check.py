@@ -27,7 +27,7 @@ def _spec_line(spec: StoreSpec) -> str:
     if isinstance(spec, MemorySpec):
         where = f"{spec.capacity} bytes of host memory"
     elif isinstance(spec, DiskSpec):
-        cached = "" if spec.direct_writes else ", written through the page cache"
+        cached = ", written around the page cache (O_DIRECT)" if spec.direct_writes else ""
         where = f"{spec.path}, {spec.capacity} bytes{cached}"
     elif isinstance(spec, RedisSpec):
         where = f"{spec.url.split('@')[-1]}{' (cluster)' if spec.cluster else ''}"

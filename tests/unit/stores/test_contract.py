@@ -78,7 +78,10 @@ def make_store(
         if request.param == "memory":
             store = MemoryStore(capacity, name="mem-test")
         elif request.param.startswith("disk"):
-            store = DiskStore(tmp_path / f"store{len(opened)}", capacity, name="disk-test")
+            direct = request.param == "disk-direct"
+            store = DiskStore(
+                tmp_path / f"store{len(opened)}", capacity, name="disk-test", direct_writes=direct
+            )
         else:
             store = _server_store(request, request.param)
         opened.append(store)

@@ -56,7 +56,7 @@ def test_large_entries_are_written_directly_and_read_back_whole(
 ) -> None:
     monkeypatch.setattr(disk_module, "DIRECT_MIN_BYTES", min(size, DIRECT_MIN_BYTES))
     spy = _Spy(monkeypatch)
-    store = DiskStore(tmp_path / "kv", 1 << 30)
+    store = DiskStore(tmp_path / "kv", 1 << 30, direct_writes=True)
     value = _value(size)
     half = size // 2
     assert store.put_many_parts([(_key(1), [value[:half], memoryview(value)[half:]])]) == [True]
@@ -73,10 +73,18 @@ def test_small_entries_go_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = _Spy(monkeypatch)
-    store = DiskStore(tmp_path / "kv", 1 << 30)
+    store = DiskStore(tmp_path / "kv", 1 << 30, direct_writes=True)
     assert store.put(_key(1), _value(DIRECT_MIN_BYTES - 1))
     assert spy.calls == 0
     assert store.get(_key(1)) == _value(DIRECT_MIN_BYTES - 1)
+
+
+def test_direct_writes_are_off_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = _Spy(monkeypatch)
+    store = open_store(DiskSpec(path=tmp_path / "kv", capacity=1 << 30))
+    assert isinstance(store, DiskStore) and not store.writes_directly
+    assert store.put(_key(1), _value(2 * DIRECT_MIN_BYTES))
+    assert spy.calls == 0
 
 
 def test_direct_writes_off_never_writes_directly(
@@ -84,6 +92,7 @@ def test_direct_writes_off_never_writes_directly(
 ) -> None:
     spy = _Spy(monkeypatch)
     store = open_store(DiskSpec(path=tmp_path / "kv", capacity=1 << 30, direct_writes=False))
+    assert isinstance(store, DiskStore) and not store.writes_directly
     assert store.put(_key(1), _value(2 * DIRECT_MIN_BYTES))
     assert spy.calls == 0
     assert store.get(_key(1)) == _value(2 * DIRECT_MIN_BYTES)
@@ -103,7 +112,7 @@ def test_a_file_system_refusing_o_direct_falls_back_for_good(
 ) -> None:
     monkeypatch.setattr(os, "open", _refusing_open(os.open))
     spy = _Spy(monkeypatch)
-    store = DiskStore(tmp_path / "kv", 1 << 30)
+    store = DiskStore(tmp_path / "kv", 1 << 30, direct_writes=True)
     with caplog.at_level(logging.INFO, logger="kvmux.stores.disk"):
         for i in range(3):
             assert store.put(_key(i), _value(DIRECT_MIN_BYTES, seed=i))
@@ -134,7 +143,7 @@ def test_a_refused_direct_write_leaves_no_file(
 def test_a_failed_direct_write_is_a_store_error_and_leaves_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = DiskStore(tmp_path / "kv", 1 << 30)
+    store = DiskStore(tmp_path / "kv", 1 << 30, direct_writes=True)
 
     def short_write(fd: int, data: Any) -> int:
         return 100  # not a whole block: the write cannot go on aligned
@@ -150,7 +159,7 @@ def test_a_failed_direct_write_is_a_store_error_and_leaves_no_file(
 
 
 def test_concurrent_writers_never_share_a_buffer(tmp_path: Path) -> None:
-    store = DiskStore(tmp_path / "kv", 1 << 30)
+    store = DiskStore(tmp_path / "kv", 1 << 30, direct_writes=True)
     errors: list[BaseException] = []
 
     def writer(first: int) -> None:
@@ -189,11 +198,11 @@ def test_an_existing_file_is_never_overwritten(tmp_path: Path) -> None:
 
 def test_direct_writes_config_key() -> None:
     spec = parse_store_spec({"type": "disk", "path": "/x", "capacity": "1GiB"})
-    assert isinstance(spec, DiskSpec) and spec.direct_writes
-    spec = parse_store_spec(
-        {"type": "disk", "path": "/x", "capacity": "1GiB", "direct_writes": False}
-    )
     assert isinstance(spec, DiskSpec) and not spec.direct_writes
+    spec = parse_store_spec(
+        {"type": "disk", "path": "/x", "capacity": "1GiB", "direct_writes": True}
+    )
+    assert isinstance(spec, DiskSpec) and spec.direct_writes
     with pytest.raises(ConfigError, match=r"store\.direct_writes.*expected a boolean"):
         parse_store_spec({"type": "disk", "path": "/x", "capacity": "1GiB", "direct_writes": 1})
     with pytest.raises(ConfigError, match=r"store\.direct_writes.*unknown key"):
