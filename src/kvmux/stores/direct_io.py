@@ -1,12 +1,13 @@
 """Files written around the page cache (``O_DIRECT``), from one reused aligned buffer.
 
-A buffered write copies an entry into page-cache pages the kernel allocates for it and
-later writes back. The disk tier writes each entry once, in one piece, and reads it back
-at most a few times: the page cache then holds a second copy of KV the memory tier
-already keeps, competes with the engine for host memory, and costs the writing thread
-the allocation of every page. On a virtual machine that hands free memory back to its
-host, that allocation is the dominant cost: 25 ms of CPU per 2 MiB entry on the
-benchmark machines, against 0.13 ms for the same bytes written with ``O_DIRECT``.
+A disk tier with ``direct_writes`` (off by default: README, "Disk tier") writes its
+entries this way. A buffered write copies an entry into page-cache pages the kernel
+allocates for it and later writes back: the page cache then holds a second copy of KV
+the memory tier may already keep, and the writing thread pays the allocation of every
+page. On a virtual machine that hands free memory back to its host that allocation
+dominates: 25 ms of CPU per new 2 MiB entry on the benchmark machines, against 0.13 ms
+for the same bytes written with ``O_DIRECT``. The price: an entry is then read from the
+device, never from memory.
 
 ``O_DIRECT`` needs the buffer's address, the file offset and the length aligned to the
 device's logical block. So the pieces are joined into a page-aligned buffer kept from
