@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import time
@@ -21,7 +20,6 @@ from kvmux.config import RedisSpec
 from kvmux.keys import BlockKey, namespace_id
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore, ValueParts
-from kvmux.stores.direct_io import ALIGNMENT, O_DIRECT
 from kvmux.stores.disk import DiskStore
 from kvmux.stores.redis import RedisStore
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
@@ -85,30 +83,6 @@ def _drop_page_cache() -> str | None:
 def _write_file(path: Path, value: bytes) -> None:
     with open(path, "xb") as handle:  # always a new file
         handle.write(value)
-
-
-def _aligned_copies(values: Sequence[bytes]) -> list[memoryview]:
-    """Each value in page-aligned memory, padded to a whole number of ALIGNMENT blocks."""
-    stride = -(-max(map(len, values)) // ALIGNMENT) * ALIGNMENT
-    memory = memoryview(mmap.mmap(-1, stride * len(values)))
-    copies = []
-    for index, value in enumerate(values):
-        start = index * stride
-        memory[start : start + len(value)] = value
-        copies.append(memory[start : start + -(-len(value) // ALIGNMENT) * ALIGNMENT])
-    return copies
-
-
-def _write_file_direct(path: Path, aligned: memoryview, size: int) -> None:
-    """A new file of ``size`` bytes written with O_DIRECT from ``aligned``, as DiskStore does."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_DIRECT, 0o600)
-    try:
-        done = 0
-        while done < aligned.nbytes:
-            done += os.write(fd, aligned[done:])
-        os.ftruncate(fd, size)
-    finally:
-        os.close(fd)
 
 
 def _check_stored(stored: list[bool]) -> None:
@@ -243,19 +217,12 @@ def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
         os.sync()
 
     put = b.measure("disk put", b.singles, partial(b.put, store), fresh_store)
-    if store.writes_directly:  # the limit writes the same way, from memory already aligned
-        aligned = _aligned_copies(b.values)
-        write_limit = "sequential write (open O_DIRECT/write/truncate/close, new file)"
-
-        def write_one(u: Unit) -> None:
-            _write_file_direct(paths[u[0]], aligned[u[0]], len(b.values[u[0]]))
-    else:
-        write_limit = "sequential write (open/write/close, new file)"
-
-        def write_one(u: Unit) -> None:
-            _write_file(paths[u[0]], b.values[u[0]])
-
-    write = b.measure("disk write limit", b.singles, write_one, fresh_files)
+    write = b.measure(
+        "disk write limit",
+        b.singles,
+        lambda u: _write_file(paths[u[0]], b.values[u[0]]),
+        fresh_files,
+    )
     get = b.measure("disk get", b.singles, lambda u: b.load(u[0], store.get(b.keys[u[0]])), cold)
     read = b.measure("disk read limit", b.singles, lambda u: paths[u[0]].read_bytes(), cold)
     shutil.rmtree(root, ignore_errors=True)
@@ -264,14 +231,10 @@ def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
         "reason": failures[0]
         if failures
         else "sync + echo 3 > /proc/sys/vm/drop_caches before every read pass",
-        "writes": (
-            "O_DIRECT, not fsynced (as DiskStore's): past the page cache to the device"
-            if store.writes_directly
-            else "not fsynced (DiskStore does not fsync either): writes land in the page cache"
-        ),
+        "writes": "not fsynced (DiskStore does not fsync either): writes land in the page cache",
     }
     rows = [
-        _row("disk", "put", put, write_limit, write),
+        _row("disk", "put", put, "sequential write (open/write/close, new file)", write),
         _row("disk", "get", get, "sequential read (open/read/close)", read),
     ]
     return rows, cache
