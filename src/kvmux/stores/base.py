@@ -8,9 +8,14 @@ from dataclasses import dataclass
 
 from kvmux.errors import StoreError
 
-__all__ = ["KVStore", "StoredEntry", "ValueParts"]
+__all__ = ["KVStore", "StoredEntry", "ValueParts", "value_nbytes"]
 
 ValueParts = Sequence[memoryview | bytes]  # a value given as the pieces it concatenates
+
+
+def value_nbytes(parts: ValueParts) -> int:
+    """Bytes of the value ``parts`` concatenate."""
+    return sum(memoryview(part).nbytes for part in parts)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvmux.errors import StoreError, StoreUnavailable
-from kvmux.stores.base import KVStore, StoredEntry, ValueParts
+from kvmux.stores.base import KVStore, StoredEntry, ValueParts, value_nbytes
 from kvmux.stores.direct_io import DIRECT_MIN_BYTES, O_DIRECT, DirectRefused, DirectWriter
 
 __all__ = ["DiskStore"]
@@ -60,10 +60,6 @@ def _write_all(fd: int, parts: ValueParts) -> None:
             written -= views.pop(0).nbytes
         if written:
             views[0] = views[0][written:]
-
-
-def _nbytes(parts: ValueParts) -> int:
-    return sum(memoryview(part).nbytes for part in parts)
 
 
 def _read_head(fd: int, size: int) -> bytes:
@@ -189,7 +185,8 @@ class DiskStore(KVStore):
         """Write the next generation atomically; every engine on the directory follows it."""
         with self._lock:
             new = self.generation() + 1
-            tmp_name = self._write_temp(self.root / _GENERATION, (str(new).encode(),))
+            text = str(new).encode()
+            tmp_name = self._write_temp(self.root / _GENERATION, (text,), len(text))
             try:
                 os.replace(tmp_name, self.root / _GENERATION)
             except OSError as exc:
@@ -224,13 +221,13 @@ class DiskStore(KVStore):
         return [self._put(key, parts) for key, parts in items]
 
     def _put(self, key: bytes, parts: ValueParts) -> bool:
-        size = _nbytes(parts)
+        size = value_nbytes(parts)
         if size > self.capacity:
             return False
         target = self._path(key)
         if self._holds(target, "write"):
             return True
-        tmp_name = self._write_temp(target, parts)
+        tmp_name = self._write_temp(target, parts, size)
         with self._lock:
             if not self._install(tmp_name, target):
                 return True
@@ -241,12 +238,13 @@ class DiskStore(KVStore):
             self._evict(keep=target)
         return True
 
-    def _write_temp(self, target: Path, parts: ValueParts) -> str:
+    def _write_temp(self, target: Path, parts: ValueParts, size: int) -> str:
+        """Write ``parts`` (``size`` bytes) to a new temporary file beside ``target``; its name."""
         try:
             target.parent.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise self._error("write", exc) from exc
-        if self._direct is not None and _nbytes(parts) >= DIRECT_MIN_BYTES:
+        if self._direct is not None and size >= DIRECT_MIN_BYTES:
             tmp_name = str(self._tmp / f"{secrets.token_hex(8)}.part")
             try:
                 self._direct.write_new(tmp_name, parts)

@@ -25,7 +25,7 @@ from kvmux.config import DEFAULT_SAVE_QUEUE
 from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
 from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
-from kvmux.stores.base import KVStore, ValueParts
+from kvmux.stores.base import KVStore, ValueParts, value_nbytes
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.slab import HostSlab
@@ -40,10 +40,6 @@ T = TypeVar("T")
 _READERS = 4
 UNVERIFIED_KEPT = 4096  # keys of entries that failed verification, remembered to replace
 MAX_STAGING_SLOTS = 16384  # blocks a save queue holds at most (tiny blocks: fewer bytes)
-
-
-def _nbytes(parts: ValueParts) -> int:
-    return sum(memoryview(part).nbytes for part in parts)
 
 
 @dataclass(frozen=True)
@@ -381,7 +377,8 @@ class TierWorker(WorkerBase):
         ]
         stored = self._guarded("put", self._store.put_many_parts, items, [False] * len(items))
         self._report_missing(blocks[row] for row, ok in zip(rows, stored, strict=True) if not ok)
-        written = sum(_nbytes(parts) for (_, parts), ok in zip(items, stored, strict=True) if ok)
+        kept = zip(items, stored, strict=True)
+        written = sum(value_nbytes(parts) for (_, parts), ok in kept if ok)
         self._stats.add(
             saved_blocks=sum(stored),
             save_errors=len(items) - sum(stored),
