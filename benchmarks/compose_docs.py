@@ -1,11 +1,14 @@
 """Compose docs/benchmarks.md and docs/bench-results from full runs of `kvmux bench`.
 
-usage: python benchmarks/compose_docs.py HEAD_MD SHORT_MD OLD_RESULTS_JSON DOCS_DIR DIR:COMMIT...
+usage: python benchmarks/compose_docs.py HEAD_MD SHORT_MD OLD_RESULTS_JSON DOCS_DIR
+       DIR:COMMIT[:earlier]...
 
 HEAD_MD is the text above "## The bars" (what ran, how to read it), SHORT_MD the section
 "## What falls short, and why"; each DIR is a `kvmux bench --out` folder. The old
-results.json's own run joins its `earlier_runs`; the new runs make the bars table (with
-the earlier runs' lowest and highest figure per bar); the last one is shown whole.
+results.json's own run joins its `earlier_runs`, and so does each DIR marked `:earlier`
+(a run kept on record but not shown, numbered in order); the other runs make the bars
+table (with the earlier runs' lowest and highest figure per bar); the last one is shown
+whole.
 """
 
 from __future__ import annotations
@@ -105,10 +108,14 @@ def main() -> None:
     earlier.append(summary(next_run, old["runs_commit"], old))
     runs = []
     for n, spec in enumerate(sys.argv[5:], start=next_run + 1):
-        folder, commit = spec.split(":")
-        runs.append(
-            (n, commit, json.loads((Path(folder) / "results.json").read_text()), Path(folder))
-        )
+        folder, commit, *mark = spec.split(":")
+        data = json.loads((Path(folder) / "results.json").read_text())
+        if mark == ["earlier"]:
+            if runs:
+                raise SystemExit(f"{spec}: runs marked :earlier come before the others")
+            earlier.append(summary(n, commit, data))
+        else:
+            runs.append((n, commit, data, Path(folder)))
     table = bars_table([(n, c, d) for n, c, d, _ in runs], earlier)
     _, last_c, last, last_dir = runs[-1]
     text = (
