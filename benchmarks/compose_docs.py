@@ -109,6 +109,8 @@ def main() -> None:
     runs = []
     for n, spec in enumerate(sys.argv[5:], start=next_run + 1):
         folder, commit, *mark = spec.split(":")
+        if mark not in ([], ["earlier"]):
+            raise SystemExit(f"{spec}: expected DIR:COMMIT or DIR:COMMIT:earlier")
         data = json.loads((Path(folder) / "results.json").read_text())
         if mark == ["earlier"]:
             if runs:
