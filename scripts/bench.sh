@@ -3,6 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVMUX_WITH_REDIS=1 bash scripts/setup.sh
+# TCMalloc for every engine, as vLLM's CPU backend asks (src/kvmux/tools/bench/allocator.py)
+if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 >/dev/null 2>&1 \
+  && command -v apt-get >/dev/null 2>&1; then
+  echo "kvmux bench: installing libtcmalloc-minimal4 from Debian"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; } \
+    || echo "kvmux bench: TCMalloc could not be installed; the engines use the system's allocator"
+fi
 .venv/bin/python -m pip install -q -e ".[bench]" 2>&1 | grep -v "^WARNING: Location" || true
 bash scripts/setup-lmcache.sh || echo "kvmux bench: LMCache venv could not be set up; it will be reported as failed"
 exec .venv/bin/kvmux bench --lmcache-python .venv-lmcache/bin/python "$@"

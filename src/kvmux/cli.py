@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from kvmux.tools.bench.allocator import ALLOCATORS  # light: no vLLM, no torch
+
 __all__ = ["main"]
 
 DEFAULT_DIR = Path.home() / ".cache" / "kvmux"
@@ -37,7 +39,7 @@ def _bench(args: argparse.Namespace) -> int:
     lmcache = args.lmcache_python or Path(
         os.environ.get("KVMUX_LMCACHE_PYTHON", ".venv-lmcache/bin/python")
     )
-    results = run_bench(args.out, args.quick, args.workdir, lmcache, configs)
+    results = run_bench(args.out, args.quick, args.workdir, lmcache, configs, args.allocator)
     print(format_bars(results["bars"]))
     print(f"results in {args.out} ({results['seconds']:.0f} s)")
     return 0
@@ -71,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
         "--lmcache-python", type=Path, default=None, help="python of the LMCache venv"
     )
     bench.add_argument("--configs", default="", help="comma-separated subset of configurations")
+    bench.add_argument(
+        "--allocator",
+        choices=ALLOCATORS,
+        default="auto",
+        help="every engine's memory allocator (auto: TCMalloc if installed, as vLLM asks on CPUs)",
+    )
     bench.set_defaults(func=_bench)
     check = commands.add_parser(
         "check-config", help="validate a --kv-transfer-config offline (no vLLM, no model)"

@@ -1,6 +1,7 @@
 """Where the saving cost goes: CPU seconds by role while an engine saves.
 
-``python -m kvmux.tools.bench.cpu_split [--configs none,kvmux-mux-redis] [--batches 3]``
+``python -m kvmux.tools.bench.cpu_split [--configs none,kvmux-mux-redis] [--batches 3]
+[--allocator auto]``
 
 One engine per configuration, in vLLM's default multi-process layout (the saving bar's),
 takes the saving workload's batches (``noreuse_*`` of the full plan: 16 distinct
@@ -21,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvmux.tools.bench.allocator import ALLOCATORS, allocator_env
 from kvmux.tools.bench.configs import CONFIGS
 from kvmux.tools.bench.e2e import Runner
 from kvmux.tools.bench.profiles import FULL, BenchPlan
@@ -75,15 +77,20 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def run_split(
-    configs: list[str], batches: int, workdir: Path, plan: BenchPlan = FULL
+    configs: list[str],
+    batches: int,
+    workdir: Path,
+    plan: BenchPlan = FULL,
+    allocator: str = "auto",
 ) -> list[dict[str, Any]]:
     """One engine per configuration through ``batch_steps``; a row per configuration."""
+    _, extra_env = allocator_env(allocator)
     model_dir = workdir / f"model-{plan.model_size}-{plan.dtype}"
     model = build_random_llama(model_dir, plan.model_size, plan.dtype)
     rows = []
     with RedisProcess(workdir / "redis") as redis:
         assert redis.proc is not None
-        runner = Runner(plan, model, workdir / "e2e", redis.url, {})
+        runner = Runner(plan, model, workdir / "e2e", redis.url, {}, extra_env)
         for config in configs:
             steps = batch_steps(runner, batches, [redis.proc.pid])
             run = runner.run(
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="auto")
     args = parser.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     accepted = [c for c in CONFIGS if c != "lmcache"]  # LMCache needs its own server
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 1:
         parser.error("--batches: 1 or more")
     with tempfile.TemporaryDirectory(prefix="kvmux-cpu-") as tmp:
-        rows = run_split(configs, args.batches, args.workdir or Path(tmp))
+        rows = run_split(configs, args.batches, args.workdir or Path(tmp), allocator=args.allocator)
     print(format_rows(rows))
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")

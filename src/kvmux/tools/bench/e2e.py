@@ -61,12 +61,16 @@ class Runner:
         work: Path,
         redis_url: str | None,
         pythons: dict[str, str],
+        extra_env: dict[str, str] | None = None,
     ):
         self.plan = plan
         self.model = model
         self.work = work
         self.redis_url = redis_url
         self.pythons = pythons  # configuration -> python executable (LMCache's own venv)
+        # set for every engine the run starts: its allocator (bench/allocator.py)
+        self.extra_env = dict(extra_env or {})
+        self.engine_env = {**ENGINE_ENV, **self.extra_env}
         self.vocab = MODEL_SIZES[plan.model_size].vocab_size
 
     def tokens(self, seed: int, count: int) -> list[int]:
@@ -108,7 +112,7 @@ class Runner:
             "steps": [_gen([self.tokens(1, 256)]), *steps],  # warm-up, not measured
             "multiprocess": multiprocess,
         }
-        env = dict(ENGINE_ENV)
+        env = dict(self.engine_env)
         return run_engine_job(job, env=env, python=self.pythons.get(config), timeout=3600)
 
 
@@ -285,7 +289,7 @@ def _overhead_samples(runner: Runner, kind: str, children: int) -> list[dict[str
         "steps": [_gen([runner.tokens(1, 256)]), _gen(prompts, 32), {"op": "instrument"}]
         + chunk * OVERHEAD_CHUNKS,
     }
-    run = run_engine_job(job, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    run = run_engine_job(job, env={**runner.extra_env, "VLLM_CPU_KVCACHE_SPACE": "2"})
     samples = []
     for step in run["steps"]:
         if step["op"] != "hook_times":
@@ -474,7 +478,7 @@ def loads_while_decoding(
         "decode_tokens": shape.loaders * shape.gap_steps + 64,  # decoding past the last load
         "multiprocess": True,  # vLLM's default layout: the loader threads off the forward pass
     }
-    env = dict(ENGINE_ENV)
+    env = dict(runner.engine_env)
     result = run_engine_job(job, env=env, module=DECODE_JOB, timeout=3600)
     return itl_row(tier, mode, shape, result)
 

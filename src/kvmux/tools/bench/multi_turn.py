@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 from kvmux.tools.bench.configs import MEMORY
-from kvmux.tools.bench.e2e import ENGINE_ENV, Runner
+from kvmux.tools.bench.e2e import Runner
 from kvmux.tools.engine import run_engine_job
 
 __all__ = ["CHAT_JOB", "MODES", "chat_rows", "multi_turn"]
@@ -96,6 +96,6 @@ def multi_turn(runner: Runner) -> list[dict[str, Any]]:
     """Workload (e): TTFT per turn, replies saved or not, kvmux memory tier."""
     work = runner.work / "multi-turn"
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(ENGINE_ENV)
+    env = dict(runner.engine_env)
     run = run_engine_job(_job(runner), env=env, module=CHAT_JOB, cwd=work, timeout=3600)
     return chat_rows(run["conversations"][1:])  # the first one warmed the engine up

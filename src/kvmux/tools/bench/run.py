@@ -11,6 +11,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from kvmux.tools.bench.allocator import allocator_env
 from kvmux.tools.bench.bars import evaluate_bars
 from kvmux.tools.bench.configs import CONFIGS
 from kvmux.tools.bench.e2e import Runner, async_loads, long_prompts, mux_overhead, reuse_workload
@@ -56,11 +57,17 @@ def run_bench(
     workdir: Path,
     lmcache_python: Path | None,
     configs: tuple[str, ...] = CONFIGS,
+    allocator: str = "auto",
 ) -> dict[str, Any]:
-    """Run the benchmark; returns the results written to ``out``."""
+    """Run the benchmark; returns the results written to ``out``.
+
+    ``allocator`` (``bench/allocator.py``): the memory allocator of every engine.
+    """
     plan: BenchPlan = QUICK if quick else FULL
     started = time.time()
+    allocator_name, extra_env = allocator_env(allocator)  # refused before anything runs
     results: dict[str, Any] = {"machine": machine_info(), "plan": plan.__dict__, "quick": quick}
+    results["allocator"] = allocator_name
     results["stores"] = run_store_bench(plan.store_entries, ENTRY_BYTES, workdir / "stores")
     model = build_random_llama(
         workdir / f"model-{plan.model_size}-{plan.dtype}", plan.model_size, plan.dtype
@@ -86,7 +93,7 @@ def run_bench(
                 lmcache, configs = None, tuple(c for c in configs if c != "lmcache")
             else:
                 pythons["lmcache"] = str(lmcache_python)
-    runner = Runner(plan, model, workdir / "e2e", redis.url, pythons)
+    runner = Runner(plan, model, workdir / "e2e", redis.url, pythons, extra_env)
     try:
         work = [(name, c) for c in configs for name in ("long_prompts", "reuse")]
         for name, config in tqdm(work, desc="end-to-end", unit="run"):
