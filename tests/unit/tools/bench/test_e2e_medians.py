@@ -22,6 +22,7 @@ class FakeRunner:
         self.model = Path("/nonexistent/model")
         self.seconds = iter(seconds)
         self.jobs: list[list[dict[str, Any]]] = []
+        self.extra_env = {"LD_PRELOAD": "/lib/libtcmalloc_minimal.so.4"}  # the run's allocator
 
     def tokens(self, seed: int, count: int) -> list[int]:
         return [seed] * count
@@ -83,6 +84,7 @@ def test_overhead_rows_are_medians_over_batches_and_alternating_rounds(
 
     def fake_job(job: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
         jobs.append(job)
+        assert env["LD_PRELOAD"] == "/lib/libtcmalloc_minimal.so.4"  # every engine's allocator
         added = mux_added if job["kv"]["kv_connector"] == "MuxConnector" else multi_added
         chunks = [s for s in job["steps"] if s["op"] == "hook_times"]
         assert all(s["reset"] for s in chunks)
