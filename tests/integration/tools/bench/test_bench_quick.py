@@ -31,6 +31,7 @@ def test_quick_bench_writes_results_tables_and_charts(tmp_path: Path) -> None:
     assert {"machine", "stores", "long_prompts", "reuse", "no_reuse", "overhead", "bars"} <= set(
         results
     )
+    assert results["allocator"].startswith(("tcmalloc", "system"))  # every engine's, recorded
     assert (out / "results.md").exists() and (out / "stores.png").exists()
     errors = [
         r for key in ("long_prompts", "reuse", "no_reuse") for r in results[key] if "error" in r
