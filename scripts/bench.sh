@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 KVMUX_WITH_REDIS=1 bash scripts/setup.sh
 # TCMalloc for every engine, as vLLM's CPU backend asks (src/kvmux/tools/bench/allocator.py)
-if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 >/dev/null 2>&1 \
+if ! .venv/bin/python -c "import sys; from kvmux.tools.bench.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)" \
   && command -v apt-get >/dev/null 2>&1; then
   echo "kvmux bench: installing libtcmalloc-minimal4 from Debian"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -70,8 +70,12 @@ class Runner:
         self.pythons = pythons  # configuration -> python executable (LMCache's own venv)
         # set for every engine the run starts: its allocator (bench/allocator.py)
         self.extra_env = dict(extra_env or {})
-        self.engine_env = {**ENGINE_ENV, **self.extra_env}
         self.vocab = MODEL_SIZES[plan.model_size].vocab_size
+
+    @property
+    def engine_env(self) -> dict[str, str]:
+        """The environment of the run's engines: ``ENGINE_ENV`` and ``extra_env``."""
+        return {**ENGINE_ENV, **self.extra_env}
 
     def tokens(self, seed: int, count: int) -> list[int]:
         """Deterministic random prompt tokens."""
@@ -112,8 +116,9 @@ class Runner:
             "steps": [_gen([self.tokens(1, 256)]), *steps],  # warm-up, not measured
             "multiprocess": multiprocess,
         }
-        env = dict(self.engine_env)
-        return run_engine_job(job, env=env, python=self.pythons.get(config), timeout=3600)
+        return run_engine_job(
+            job, env=self.engine_env, python=self.pythons.get(config), timeout=3600
+        )
 
 
 def _source(step: dict[str, Any], before: dict[str, Any]) -> str:
@@ -478,8 +483,7 @@ def loads_while_decoding(
         "decode_tokens": shape.loaders * shape.gap_steps + 64,  # decoding past the last load
         "multiprocess": True,  # vLLM's default layout: the loader threads off the forward pass
     }
-    env = dict(runner.engine_env)
-    result = run_engine_job(job, env=env, module=DECODE_JOB, timeout=3600)
+    result = run_engine_job(job, env=runner.engine_env, module=DECODE_JOB, timeout=3600)
     return itl_row(tier, mode, shape, result)
 
 

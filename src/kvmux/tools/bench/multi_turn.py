@@ -96,6 +96,7 @@ def multi_turn(runner: Runner) -> list[dict[str, Any]]:
     """Workload (e): TTFT per turn, replies saved or not, kvmux memory tier."""
     work = runner.work / "multi-turn"
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(runner.engine_env)
-    run = run_engine_job(_job(runner), env=env, module=CHAT_JOB, cwd=work, timeout=3600)
+    run = run_engine_job(
+        _job(runner), env=runner.engine_env, module=CHAT_JOB, cwd=work, timeout=3600
+    )
     return chat_rows(run["conversations"][1:])  # the first one warmed the engine up
