@@ -202,6 +202,19 @@ class MuxScheduler:
                 loads = not cut_off
             except Exception as exc:
                 guard.fail("update_state_after_alloc", exc)
+        self._note_load(request.request_id, blocks, loader, start, tokens, is_async, loads)
+
+    def _note_load(
+        self,
+        req_id: str,
+        blocks: Any,
+        loader: int,
+        start: int,
+        tokens: int,
+        is_async: bool,
+        loads: bool,
+    ) -> None:
+        """The one contributor's load in this step's plan: owned blocks, or load errors."""
         size = self.block_size
         first, end = start // size, -(-(start + tokens) // size)
         step = self._step
@@ -213,9 +226,9 @@ class MuxScheduler:
         else:
             step.add_failed(_owned_blocks(blocks, first, end))
             if is_async:
-                step.fail_load(request.request_id)
+                step.fail_load(req_id)
         if is_async:
-            step.expect_loaders(request.request_id, {loader} if loads else set())
+            step.expect_loaders(req_id, {loader} if loads else set())
 
     def _after_alloc_with_loads(
         self, request: Any, blocks: Any, num_external_tokens: int, plan: list[Contribution]
