@@ -29,6 +29,13 @@ def label(machine: dict[str, Any]) -> str:
     return "EPYC" if "EPYC" in cpu else "Xeon" if "Xeon" in cpu else cpu
 
 
+def settings(data: dict[str, Any]) -> str:
+    """The engines' allocator and the Redis tier's state at start, in two words."""
+    allocator = str(data.get("allocator", "glibc")).split(" ")[0].replace("system", "glibc")
+    redis = data.get("redis", {}).get("filler_entries", 0)
+    return f"{allocator}, Redis {'full' if redis else 'empty'}"
+
+
 def summary(run: int, commit: str, data: dict[str, Any]) -> dict[str, Any]:
     """What results.json keeps of a run that is not the last."""
     warm = [
@@ -50,6 +57,7 @@ def summary(run: int, commit: str, data: dict[str, Any]) -> dict[str, Any]:
         "overhead": data["overhead"],
         "async_loads": data["async_loads"],
         "label": label(data["machine"]),
+        "settings": settings(data),
     }
 
 
@@ -67,7 +75,7 @@ def limit(value: float) -> str:
 
 def bars_table(runs: list[tuple[int, str, dict[str, Any]]], earlier: list[dict[str, Any]]) -> str:
     """Every bar of the new runs, met in all of them or not, and the earlier runs' range."""
-    heads = [f"run {n} ({c}, {label(d['machine'])})" for n, c, d in runs]
+    heads = [f"run {n} ({c}, {label(d['machine'])}, {settings(d)})" for n, c, d in runs]
     first, last = earlier[0]["run"], earlier[-1]["run"]
     header = ["bar", *heads, "bar", f"met in runs {runs[0][0]} to {runs[-1][0]}"]
     header.append(f"runs {first} to {last}: lowest to highest")

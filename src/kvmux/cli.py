@@ -39,7 +39,15 @@ def _bench(args: argparse.Namespace) -> int:
     lmcache = args.lmcache_python or Path(
         os.environ.get("KVMUX_LMCACHE_PYTHON", ".venv-lmcache/bin/python")
     )
-    results = run_bench(args.out, args.quick, args.workdir, lmcache, configs, args.allocator)
+    results = run_bench(
+        args.out,
+        args.quick,
+        args.workdir,
+        lmcache,
+        configs,
+        allocator=args.allocator,
+        empty_redis=args.empty_redis,
+    )
     print(format_bars(results["bars"]))
     print(f"results in {args.out} ({results['seconds']:.0f} s)")
     return 0
@@ -78,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=ALLOCATORS,
         default="auto",
         help="every engine's memory allocator (auto: TCMalloc if installed, as vLLM asks on CPUs)",
+    )
+    bench.add_argument(
+        "--empty-redis",
+        action="store_true",
+        help="start the Redis tier empty (a cold start) instead of full and evicting, "
+        "as a cache that has been serving",
     )
     bench.set_defaults(func=_bench)
     check = commands.add_parser(

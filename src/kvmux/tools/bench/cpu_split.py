@@ -1,7 +1,7 @@
 """Where the saving cost goes: CPU seconds by role while an engine saves.
 
 ``python -m kvmux.tools.bench.cpu_split [--configs none,kvmux-mux-redis] [--batches 3]
-[--allocator auto]``
+[--allocator auto] [--empty-redis]``
 
 One engine per configuration, in vLLM's default multi-process layout (the saving bar's),
 takes the saving workload's batches (``noreuse_*`` of the full plan: 16 distinct
@@ -9,7 +9,8 @@ takes the saving workload's batches (``noreuse_*`` of the full plan: 16 distinct
 by a pause in which its background writes end. Around each batch and its pause the CPU
 seconds of every role are taken (``kvmux.tools.cpu_times``): the forward pass (vLLM's
 worker process), kvmux's helper threads, the engine core, the front end and the
-benchmark's redis-server. Prints the medians over the batches, and writes them as JSON
+benchmark's redis-server (full and evicting, as ``kvmux bench`` starts it, unless
+``--empty-redis``). Prints the medians over the batches, and writes them as JSON
 with ``--out``.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 from kvmux.tools.bench.allocator import ALLOCATORS, allocator_env
 from kvmux.tools.bench.configs import CONFIGS
 from kvmux.tools.bench.e2e import Runner
-from kvmux.tools.bench.profiles import FULL, BenchPlan
+from kvmux.tools.bench.profiles import ENTRY_BYTES, FULL, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
 from kvmux.tools.bench.saving import saving_batch
 from kvmux.tools.models import build_random_llama
@@ -82,6 +83,7 @@ def run_split(
     workdir: Path,
     plan: BenchPlan = FULL,
     allocator: str = "auto",
+    empty_redis: bool = False,
 ) -> list[dict[str, Any]]:
     """One engine per configuration through ``batch_steps``; a row per configuration."""
     _, extra_env = allocator_env(allocator)
@@ -90,6 +92,8 @@ def run_split(
     rows = []
     with RedisProcess(workdir / "redis") as redis:
         assert redis.proc is not None
+        if not empty_redis:
+            redis.fill(ENTRY_BYTES)
         runner = Runner(plan, model, workdir / "e2e", redis.url, {}, extra_env)
         for config in configs:
             steps = batch_steps(runner, batches, [redis.proc.pid])
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--allocator", choices=ALLOCATORS, default="auto")
+    parser.add_argument("--empty-redis", action="store_true", help="start redis-server empty")
     args = parser.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     accepted = [c for c in CONFIGS if c != "lmcache"]  # LMCache needs its own server
@@ -116,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 1:
         parser.error("--batches: 1 or more")
     with tempfile.TemporaryDirectory(prefix="kvmux-cpu-") as tmp:
-        rows = run_split(configs, args.batches, args.workdir or Path(tmp), allocator=args.allocator)
+        workdir = args.workdir or Path(tmp)
+        rows = run_split(
+            configs, args.batches, workdir, allocator=args.allocator, empty_redis=args.empty_redis
+        )
     print(format_rows(rows))
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FULL", "QUICK", "BenchPlan"]
+__all__ = ["ENTRY_BYTES", "FULL", "QUICK", "BenchPlan"]
+
+ENTRY_BYTES = 8 * 262144  # one 128-token block of the benchmark model, all layers (bf16)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["POLICY", "RedisProcess"]
+import redis
+
+__all__ = ["FILLER_PREFIX", "POLICY", "RedisProcess"]
 
 
 def _free_port() -> int:
@@ -20,6 +22,8 @@ def _free_port() -> int:
 # as the README asks of a Redis used as a cache: when full, old entries make room (with
 # Redis's default, noeviction, every write past maxmemory fails and later prompts miss)
 POLICY = "allkeys-lru"
+FILLER_PREFIX = "bench-filler:"  # what ``fill`` writes (never a benchmark's key prefix)
+FILL_BATCH = 16  # filler writes per round trip
 
 
 class RedisProcess:
@@ -56,6 +60,29 @@ class RedisProcess:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"redis-server did not open port {self.port}")
+
+    def fill(self, value_bytes: int, share: float = 0.99) -> int:
+        """Fill the server with filler entries up to ``share`` of maxmemory; how many.
+
+        A cache tier that has been serving is full and evicts: each write reuses the
+        memory an evicted entry gave back. An empty server grows instead, page by page,
+        which on a VM whose host reclaims free memory costs far more than the writes
+        themselves (docs/benchmarks.md). Filler keys are never read again, so
+        allkeys-lru evicts them before anything a benchmark wrote.
+        """
+        client = redis.Redis.from_url(self.url)
+        value, count, goal = b"\0" * value_bytes, 0, share * self.maxmemory
+        try:
+            while (room := goal - int(client.info("memory")["used_memory"])) > 0:
+                pipe = client.pipeline(transaction=False)
+                # an entry takes more than its bytes: near the goal, fill in smaller steps
+                for _ in range(min(FILL_BATCH, max(1, int(room // (2 * value_bytes))))):
+                    pipe.set(f"{FILLER_PREFIX}{count}", value)
+                    count += 1
+                pipe.execute()
+        finally:
+            client.close()
+        return count
 
     def stop(self) -> None:
         """Terminate the server (kill it if it does not exit)."""

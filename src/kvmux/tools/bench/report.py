@@ -233,6 +233,17 @@ def _e2e_charts(data: Mapping[str, Any], out: Path) -> list[str]:
     return lines
 
 
+def _settings(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """How the run's engines and Redis tier ran (older results: not recorded)."""
+    redis = data.get("redis")
+    if isinstance(redis, Mapping):
+        filler = redis.get("filler_entries", 0)
+        state = f"full, evicting ({filler} filler entries)" if filler else "empty at start"
+    else:
+        state = "not recorded (empty at start)"
+    return [("allocator", data.get("allocator", "not recorded")), ("redis tier", state)]
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
     """Write results.json, results.md and PNG charts (stores, TTFT, reuse) into ``out``."""
     out = Path(out)
@@ -243,6 +254,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     (out / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     lines = ["# kvmux benchmark results", "", "## Machine", ""]
     lines += markdown_table(["", "value"], list(data["machine"].items()))
+    lines += ["", "## Run settings", ""]
+    lines += markdown_table(["", "value"], _settings(data))
     rows = _store_rows(data)
     if rows:
         lines += _stores_section(data["stores"], rows)

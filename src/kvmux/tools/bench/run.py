@@ -18,7 +18,7 @@ from kvmux.tools.bench.e2e import Runner, async_loads, long_prompts, mux_overhea
 from kvmux.tools.bench.microbench import run_store_bench
 from kvmux.tools.bench.multi_turn import multi_turn
 from kvmux.tools.bench.peers import LMCacheServer
-from kvmux.tools.bench.profiles import FULL, QUICK, BenchPlan
+from kvmux.tools.bench.profiles import ENTRY_BYTES, FULL, QUICK, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
 from kvmux.tools.bench.report import machine_info, write_report
 from kvmux.tools.bench.saving import LAYOUTS, SAVING_CONFIGS, saving_rounds
@@ -26,8 +26,6 @@ from kvmux.tools.bench.warm import WARM_CONFIGS, warm_rounds
 from kvmux.tools.models import build_random_llama
 
 __all__ = ["run_bench"]
-
-ENTRY_BYTES = 8 * 262144  # one 128-token block of the benchmark model, all layers (bf16)
 
 
 def _guarded(label: str, fn: Callable[[], Any]) -> Any:
@@ -58,10 +56,12 @@ def run_bench(
     lmcache_python: Path | None,
     configs: tuple[str, ...] = CONFIGS,
     allocator: str = "auto",
+    empty_redis: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the results written to ``out``.
 
     ``allocator`` (``bench/allocator.py``): the memory allocator of every engine.
+    ``empty_redis``: the Redis tier starts empty instead of full (``RedisProcess.fill``).
     """
     plan: BenchPlan = QUICK if quick else FULL
     started = time.time()
@@ -73,6 +73,8 @@ def run_bench(
         workdir / f"model-{plan.model_size}-{plan.dtype}", plan.model_size, plan.dtype
     )
     redis = RedisProcess(workdir / "redis").start()
+    filler = 0 if empty_redis else redis.fill(ENTRY_BYTES)
+    results["redis"] = {"maxmemory": redis.maxmemory, "filler_entries": filler}
     lmcache = None
     pythons: dict[str, str] = {}
     if "lmcache" in configs:
