@@ -73,7 +73,11 @@ def run_bench(
         workdir / f"model-{plan.model_size}-{plan.dtype}", plan.model_size, plan.dtype
     )
     redis = RedisProcess(workdir / "redis").start()
-    filler = 0 if empty_redis else redis.fill(ENTRY_BYTES)
+    try:
+        filler = 0 if empty_redis else redis.fill(ENTRY_BYTES)
+    except BaseException:
+        redis.stop()
+        raise
     results["redis"] = {"maxmemory": redis.maxmemory, "filler_entries": filler}
     lmcache = None
     pythons: dict[str, str] = {}
