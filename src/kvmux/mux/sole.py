@@ -10,7 +10,6 @@ plan of several pieces) goes to the general path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from kvmux.mux.guard import ChildGuard
@@ -30,17 +29,7 @@ class SoleChildScheduler(MuxScheduler):
         """What the child offers from the computed tokens on; None while it looks."""
         if self._cap is None:
             return super().lookup(request, num_computed)
-        child, guard = self._pairs[0]
-        guard.lookups += 1
-        if guard.closed:
-            try:
-                tokens, is_async = child.get_num_new_matched_tokens(request, num_computed)
-            except Exception as exc:
-                guard.fail("get_num_new_matched_tokens", exc)
-                tokens, is_async = 0, False
-        else:  # open (skipped) or half-open (the trial call)
-            call = partial(child.get_num_new_matched_tokens, request, num_computed)
-            tokens, is_async = guard.call("get_num_new_matched_tokens", call, (0, False))
+        tokens, is_async = self._answer(0, request, num_computed)
         if tokens is None:
             return None, False
         if tokens and not is_async and self.async_only:
