@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
 from kvmux.mux.scheduler import MuxScheduler
 from kvmux.policies.selection import Contribution
 
-__all__ = ["SoleChildScheduler", "make_scheduler"]
+__all__ = ["SoleChildScheduler", "scheduler_class"]
 
 _new = tuple.__new__  # Contribution(...) without NamedTuple's Python-level __new__
 
@@ -93,14 +92,6 @@ class SoleChildScheduler(MuxScheduler):
         return False, merged
 
 
-def make_scheduler(
-    children: Sequence[Any],
-    guards: Sequence[ChildGuard],
-    policy: str,
-    offset_capable: Sequence[bool],
-    block_size: int,
-    async_only: bool = False,
-) -> MuxScheduler:
-    """The scheduler half for these children: specialised when there is only one."""
-    cls = SoleChildScheduler if len(children) == 1 else MuxScheduler
-    return cls(children, guards, policy, offset_capable, block_size, async_only)
+def scheduler_class(children: int) -> type[MuxScheduler]:
+    """The scheduler half for this many children: specialised when there is only one."""
+    return SoleChildScheduler if children == 1 else MuxScheduler

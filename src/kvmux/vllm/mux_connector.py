@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvmux.errors import ConfigError
 from kvmux.mux.guard import ChildGuard, Notices
-from kvmux.mux.sole import make_scheduler
+from kvmux.mux.sole import scheduler_class
 from kvmux.mux.worker import MuxWorker
 from kvmux.policies.breaker import CircuitBreaker
 from kvmux.vllm.children import child_classes, child_transfer_configs, mux_config
@@ -95,7 +95,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
         block_size = int(vllm_config.cache_config.block_size)
         several_groups = _group_count(kv_cache_config) > 1  # failures go per request
-        self._scheduler = make_scheduler(
+        self._scheduler = scheduler_class(len(self._children))(
             self._children,
             self._guards,
             self.config.policy,

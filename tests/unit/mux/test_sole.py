@@ -18,7 +18,7 @@ import pytest
 from kvmux.mux.guard import ChildGuard, Notices
 from kvmux.mux.plan import MuxStepPlan
 from kvmux.mux.scheduler import MuxScheduler
-from kvmux.mux.sole import SoleChildScheduler, make_scheduler
+from kvmux.mux.sole import SoleChildScheduler, scheduler_class
 from kvmux.policies.breaker import CircuitBreaker
 from kvmux.policies.selection import SCORE_CAPS
 
@@ -139,11 +139,7 @@ def test_sole_child_scheduler_answers_as_the_general_one(
         assert g.totals() == s.totals(), seed
 
 
-def test_make_scheduler_specialises_only_one_child() -> None:
-    def guard() -> ChildGuard:
-        return ChildGuard("c", CircuitBreaker(), Notices())
-
-    one = make_scheduler([Child(False)], [guard()], "first", [True], BLOCK)
-    two = make_scheduler([Child(False), Child(False)], [guard(), guard()], "first", [True] * 2, 16)
-    assert type(one) is SoleChildScheduler
-    assert type(two) is MuxScheduler
+def test_only_a_mux_of_one_child_gets_the_specialised_scheduler() -> None:
+    assert scheduler_class(1) is SoleChildScheduler
+    assert scheduler_class(2) is MuxScheduler
+    assert scheduler_class(4) is MuxScheduler
