@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kvmux.tools.bench.allocator import ALLOCATORS  # light: no vLLM, no torch
+from kvmux.tools.bench.host_memory import DISK_WRITES  # light too
 
 __all__ = ["main"]
 
@@ -47,6 +48,7 @@ def _bench(args: argparse.Namespace) -> int:
         configs,
         allocator=args.allocator,
         empty_redis=args.empty_redis,
+        disk_writes=args.disk_writes,
     )
     print(format_bars(results["bars"]))
     print(f"results in {args.out} ({results['seconds']:.0f} s)")
@@ -92,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start the Redis tier empty (a cold start) instead of full and evicting, "
         "as a cache that has been serving",
+    )
+    bench.add_argument(
+        "--disk-writes",
+        choices=DISK_WRITES,
+        default="auto",
+        help="how the disk tiers write (auto: around the page cache, direct_writes, on a "
+        "machine that hands free memory back to its host, as the README advises)",
     )
     bench.set_defaults(func=_bench)
     check = commands.add_parser(

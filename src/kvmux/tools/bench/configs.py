@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIGS", "LMCACHE_PORT", "kv_config"]
+__all__ = ["CONFIGS", "LMCACHE_PORT", "disk_tier", "kv_config"]
 
 LMCACHE_PORT = 5555
 CONFIGS = (
@@ -39,9 +39,20 @@ def _mux(policy: str, tiers: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def kv_config(name: str, work: Path, redis_url: str | None) -> dict[str, Any] | None:
-    """KVTransferConfig fields of configuration ``name`` (None: no connector)."""
-    disk = {"type": "disk", "path": str(work / "disk"), "capacity": "8GiB", "name": "disk"}
+def disk_tier(path: Path, direct_writes: bool, name: str = "disk") -> dict[str, Any]:
+    """The benchmark's disk tier at ``path`` (8 GiB), written around the page cache or not."""
+    tier: dict[str, Any] = {"type": "disk", "path": str(path), "capacity": "8GiB", "name": name}
+    if direct_writes:
+        tier["direct_writes"] = True
+    return tier
+
+
+def kv_config(
+    name: str, work: Path, redis_url: str | None, direct_writes: bool = False
+) -> dict[str, Any] | None:
+    """KVTransferConfig fields of configuration ``name`` (None: no connector);
+    ``direct_writes``: its disk tier's (``host_memory.disk_writes``)."""
+    disk = disk_tier(work / "disk", direct_writes)
     if name in ("none", "vllm-prefix-cache"):
         return None
     if name == "example":

@@ -26,6 +26,8 @@ from typing import Any
 from kvmux.tools.bench.allocator import ALLOCATORS, allocator_env
 from kvmux.tools.bench.configs import CONFIGS
 from kvmux.tools.bench.e2e import Runner
+from kvmux.tools.bench.host_memory import DISK_WRITES
+from kvmux.tools.bench.host_memory import disk_writes as disk_writes_of
 from kvmux.tools.bench.profiles import ENTRY_BYTES, FULL, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
 from kvmux.tools.bench.saving import saving_batch
@@ -84,9 +86,11 @@ def run_split(
     plan: BenchPlan = FULL,
     allocator: str = "auto",
     empty_redis: bool = False,
+    disk_writes: str = "auto",
 ) -> list[dict[str, Any]]:
     """One engine per configuration through ``batch_steps``; a row per configuration."""
     _, extra_env = allocator_env(allocator)
+    _, direct_writes = disk_writes_of(disk_writes)
     model_dir = workdir / f"model-{plan.model_size}-{plan.dtype}"
     model = build_random_llama(model_dir, plan.model_size, plan.dtype)
     rows = []
@@ -94,7 +98,7 @@ def run_split(
         assert redis.proc is not None
         if not empty_redis:
             redis.fill(ENTRY_BYTES)
-        runner = Runner(plan, model, workdir / "e2e", redis.url, {}, extra_env)
+        runner = Runner(plan, model, workdir / "e2e", redis.url, {}, extra_env, direct_writes)
         for config in configs:
             steps = batch_steps(runner, batches, [redis.proc.pid])
             run = runner.run(
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--allocator", choices=ALLOCATORS, default="auto")
     parser.add_argument("--empty-redis", action="store_true", help="start redis-server empty")
+    parser.add_argument("--disk-writes", choices=DISK_WRITES, default="auto")
     args = parser.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     accepted = [c for c in CONFIGS if c != "lmcache"]  # LMCache needs its own server
@@ -123,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvmux-cpu-") as tmp:
         workdir = args.workdir or Path(tmp)
         rows = run_split(
-            configs, args.batches, workdir, allocator=args.allocator, empty_redis=args.empty_redis
+            configs,
+            args.batches,
+            workdir,
+            allocator=args.allocator,
+            empty_redis=args.empty_redis,
+            disk_writes=args.disk_writes,
         )
     print(format_rows(rows))
     if args.out is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.bench.configs import kv_config
+from kvmux.tools.bench.configs import disk_tier, kv_config
 from kvmux.tools.bench.profiles import BenchPlan
 from kvmux.tools.engine import run_engine_job
 from kvmux.tools.models import MODEL_SIZES
@@ -62,6 +62,7 @@ class Runner:
         redis_url: str | None,
         pythons: dict[str, str],
         extra_env: dict[str, str] | None = None,
+        direct_writes: bool = False,
     ):
         self.plan = plan
         self.model = model
@@ -70,6 +71,7 @@ class Runner:
         self.pythons = pythons  # configuration -> python executable (LMCache's own venv)
         # set for every engine the run starts: its allocator (bench/allocator.py)
         self.extra_env = dict(extra_env or {})
+        self.direct_writes = direct_writes  # the disk tiers' (bench/host_memory.py)
         self.vocab = MODEL_SIZES[plan.model_size].vocab_size
 
     @property
@@ -112,7 +114,7 @@ class Runner:
         job = {
             "model": str(self.model),
             "engine": settings,
-            "kv": kv_config(config, work, self.redis_url),
+            "kv": kv_config(config, work, self.redis_url, self.direct_writes),
             "steps": [_gen([self.tokens(1, 256)]), *steps],  # warm-up, not measured
             "multiprocess": multiprocess,
         }
@@ -447,7 +449,7 @@ def loads_while_decoding(
     work = runner.work / f"loading-{tier}-{mode}"
     shutil.rmtree(work, ignore_errors=True)
     if tier == "disk":
-        store: dict[str, Any] = {"type": "disk", "path": str(work / "disk"), "capacity": "8GiB"}
+        store = disk_tier(work / "disk", runner.direct_writes)
     elif runner.redis_url is not None:
         prefix = f"kvmux-loading-{uuid.uuid4().hex[:12]}:"  # nothing stored before
         store = {"type": "redis", "url": runner.redis_url, "key_prefix": prefix}

@@ -234,14 +234,18 @@ def _e2e_charts(data: Mapping[str, Any], out: Path) -> list[str]:
 
 
 def _settings(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """How the run's engines and Redis tier ran (older results: not recorded)."""
+    """How the run's engines and its Redis and disk tiers ran (older results: not recorded)."""
     redis = data.get("redis")
     if isinstance(redis, Mapping):
         filler = redis.get("filler_entries", 0)
         state = f"full, evicting ({filler} filler entries)" if filler else "empty at start"
     else:
         state = "not recorded (empty at start)"
-    return [("allocator", data.get("allocator", "not recorded")), ("redis tier", state)]
+    return [
+        ("allocator", data.get("allocator", "not recorded")),
+        ("redis tier", state),
+        ("disk tier writes", data.get("disk_writes", "not recorded (page cache)")),
+    ]
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:

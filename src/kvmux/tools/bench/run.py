@@ -15,6 +15,7 @@ from kvmux.tools.bench.allocator import allocator_env
 from kvmux.tools.bench.bars import evaluate_bars
 from kvmux.tools.bench.configs import CONFIGS
 from kvmux.tools.bench.e2e import Runner, async_loads, long_prompts, mux_overhead, reuse_workload
+from kvmux.tools.bench.host_memory import disk_writes as disk_writes_of
 from kvmux.tools.bench.microbench import run_store_bench
 from kvmux.tools.bench.multi_turn import multi_turn
 from kvmux.tools.bench.peers import LMCacheServer
@@ -57,26 +58,29 @@ def run_bench(
     configs: tuple[str, ...] = CONFIGS,
     allocator: str = "auto",
     empty_redis: bool = False,
+    disk_writes: str = "auto",
 ) -> dict[str, Any]:
     """Run the benchmark; returns the results written to ``out``.
 
     ``allocator`` (``bench/allocator.py``): the memory allocator of every engine.
+    ``disk_writes`` (``bench/host_memory.py``): how the disk tiers write; ``auto`` writes
+    around the page cache on a machine that hands free memory back to its host.
     ``empty_redis``: the Redis tier starts empty instead of full (``RedisProcess.fill``).
-    The quick run, a smoke run of the same code, always starts it empty: with the filler
-    its engines took about 100 s longer, for a cause not found yet (docs/benchmarks.md).
     """
     plan: BenchPlan = QUICK if quick else FULL
     started = time.time()
     allocator_name, extra_env = allocator_env(allocator)  # refused before anything runs
+    writes_name, direct_writes = disk_writes_of(disk_writes)
     results: dict[str, Any] = {"machine": machine_info(), "plan": plan.__dict__, "quick": quick}
     results["allocator"] = allocator_name
+    results["disk_writes"] = writes_name
     results["stores"] = run_store_bench(plan.store_entries, ENTRY_BYTES, workdir / "stores")
     model = build_random_llama(
         workdir / f"model-{plan.model_size}-{plan.dtype}", plan.model_size, plan.dtype
     )
     redis = RedisProcess(workdir / "redis").start()
     try:
-        filler = 0 if empty_redis or quick else redis.fill(ENTRY_BYTES)
+        filler = 0 if empty_redis else redis.fill(ENTRY_BYTES)
     except BaseException:
         redis.stop()
         raise
@@ -101,7 +105,7 @@ def run_bench(
                 lmcache, configs = None, tuple(c for c in configs if c != "lmcache")
             else:
                 pythons["lmcache"] = str(lmcache_python)
-    runner = Runner(plan, model, workdir / "e2e", redis.url, pythons, extra_env)
+    runner = Runner(plan, model, workdir / "e2e", redis.url, pythons, extra_env, direct_writes)
     try:
         work = [(name, c) for c in configs for name in ("long_prompts", "reuse")]
         for name, config in tqdm(work, desc="end-to-end", unit="run"):

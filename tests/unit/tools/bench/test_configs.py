@@ -53,3 +53,18 @@ def test_redis_configuration_needs_a_server(tmp_path: Path) -> None:
         kv_config("kvmux-mux-redis", tmp_path, None)
     with pytest.raises(ValueError, match="unknown configuration"):
         kv_config("nope", tmp_path, REDIS_URL)
+
+
+@pytest.mark.parametrize("name", ["kvmux-mux-first", "kvmux-mux-compose", "kvmux-mux-redis"])
+def test_the_disk_tier_writes_around_the_page_cache_when_asked(name: str, tmp_path: Path) -> None:
+    def disk_of(direct: bool) -> dict[str, Any]:
+        fields = kv_config(name, tmp_path, REDIS_URL, direct_writes=direct)
+        assert fields is not None
+        (disk,) = [t for t in fields["kv_connector_extra_config"]["tiers"] if t["type"] == "disk"]
+        return disk
+
+    assert "direct_writes" not in disk_of(False)  # the store's default: the page cache
+    assert disk_of(True)["direct_writes"] is True
+    fields = kv_config(name, tmp_path, REDIS_URL, direct_writes=True)
+    assert fields is not None
+    _parse_kvmux(fields)

@@ -24,15 +24,19 @@ def test_rows_holding_nested_data_are_left_to_results_json(tmp_path: Path) -> No
     assert "## nested" not in (tmp_path / "results.md").read_text()
 
 
-def test_the_run_settings_say_how_engines_and_redis_ran(tmp_path: Path) -> None:
+def test_the_run_settings_say_how_engines_redis_and_disk_ran(tmp_path: Path) -> None:
     results = {
         "machine": {"cpu": "x"},
         "allocator": "tcmalloc (/usr/lib/libtcmalloc_minimal.so.4)",
         "redis": {"maxmemory": 4 * 10**9, "filler_entries": 1890},
+        "disk_writes": "direct (auto: free page reporting)",
     }
     write_report(results, tmp_path)
     report = (tmp_path / "results.md").read_text()
     assert "| allocator | tcmalloc (/usr/lib/libtcmalloc_minimal.so.4) |" in report
     assert "| redis tier | full, evicting (1890 filler entries) |" in report
+    assert "| disk tier writes | direct (auto: free page reporting) |" in report
     write_report({"machine": {"cpu": "x"}}, tmp_path)  # a run from before they were recorded
-    assert "| redis tier | not recorded (empty at start) |" in (tmp_path / "results.md").read_text()
+    old = (tmp_path / "results.md").read_text()
+    assert "| redis tier | not recorded (empty at start) |" in old
+    assert "| disk tier writes | not recorded (page cache) |" in old
