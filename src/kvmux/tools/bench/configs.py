@@ -39,9 +39,9 @@ def _mux(policy: str, tiers: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def disk_tier(path: Path, direct_writes: bool, name: str = "disk") -> dict[str, Any]:
+def disk_tier(path: Path, direct_writes: bool) -> dict[str, Any]:
     """The benchmark's disk tier at ``path`` (8 GiB), written around the page cache or not."""
-    tier: dict[str, Any] = {"type": "disk", "path": str(path), "capacity": "8GiB", "name": name}
+    tier: dict[str, Any] = {"type": "disk", "path": str(path), "capacity": "8GiB", "name": "disk"}
     if direct_writes:
         tier["direct_writes"] = True
     return tier
