@@ -5,7 +5,9 @@ a torn entry. Entry names are the hex of the key, so no key can escape the direc
 Files are 0600; directories the store creates are 0700 (a directory that already exists
 keeps its owner's mode). Recency is the file's mtime, refreshed on every hit (not by
 ``head`` nor, with ``touch=False``, by operators' reads); past the byte budget the oldest
-files are removed. The file ``generation`` holds the directory's
+files are evicted: moved to the spare pool (``spare_pool.py``), whose files later writes
+overwrite in place so that a full tier keeps its page cache instead of churning it, or
+removed once the pool is full. The file ``generation`` holds the directory's
 generation, which a reset advances for every engine sharing it.
 
 Anyone who can write to the directory can plant anything in it: only a regular file of
@@ -15,6 +17,7 @@ Eviction passes over a shard it cannot list or a file it cannot remove.
 
 With ``direct_writes``, entries are written around the page cache (``O_DIRECT``, see
 ``direct_io.py``) unless the file system refuses it; reads go through the page cache.
+Such a store removes the files it evicts: it has no use for spares.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 from kvmux.errors import StoreError, StoreUnavailable
 from kvmux.stores.base import KVStore, StoredEntry, ValueParts, value_nbytes
 from kvmux.stores.direct_io import DIRECT_MIN_BYTES, O_DIRECT, DirectRefused, DirectWriter
+from kvmux.stores.spare_pool import SparePool
 
 __all__ = ["DiskStore"]
 
@@ -135,8 +139,12 @@ class DiskStore(KVStore):
         self._direct = DirectWriter() if direct_writes and O_DIRECT else None
         self.root = Path(path)
         self._tmp = self.root / "tmp"
+        # the spare pool holds what an eviction pass frees: entries and spares fit the budget
+        spare_budget = capacity - int(capacity * _EVICT_TO)
+        self._spares = SparePool(self.root / "spare", spare_budget, capacity)
         self._lock = threading.Lock()
         self._prepare_directory()
+        self._spares.scan()
         try:
             self._used = self._scan_used()
         except StoreError as exc:
@@ -150,7 +158,7 @@ class DiskStore(KVStore):
 
     def _prepare_directory(self) -> None:
         try:
-            for folder in (self.root, self._tmp):
+            for folder in (self.root, self._tmp, self._spares.root):
                 with contextlib.suppress(FileExistsError):  # never chmod what it did not create
                     folder.mkdir(mode=0o700, parents=True)
                     os.chmod(folder, 0o700)
@@ -233,7 +241,8 @@ class DiskStore(KVStore):
                 return True
             self._used += size
             self._unscanned += size
-            due = self._used > self.capacity or self._unscanned > self.capacity * _RESCAN_SHARE
+            over = self._used + self._spares.nbytes > self.capacity
+            due = over or self._unscanned > self.capacity * _RESCAN_SHARE
         if due:
             self._evict(keep=target)
         return True
@@ -259,17 +268,24 @@ class DiskStore(KVStore):
                 )
             except OSError as exc:
                 raise self._error("write", exc) from exc
-        return self._write_buffered(parts)
+        return self._write_buffered(parts, size)
 
-    def _write_buffered(self, parts: ValueParts) -> str:
-        """Write ``parts`` to a new temporary file through the page cache; its name."""
+    def _write_buffered(self, parts: ValueParts, size: int) -> str:
+        """Write ``parts`` to a temporary file through the page cache; its name.
+
+        The file is a spare overwritten in place when the pool has one, else a new file.
+        """
+        tmp_name = str(self._tmp / f"{secrets.token_hex(8)}.part")
+        fd = self._spares.claim(tmp_name)
         try:
-            fd, tmp_name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+            if fd is None:
+                fd, tmp_name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
         except OSError as exc:
             raise self._error("write", exc) from exc
         try:
             try:
                 _write_all(fd, parts)
+                os.ftruncate(fd, size)  # a spare may have been longer
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -394,20 +410,29 @@ class DiskStore(KVStore):
             entries = sorted(self._entries())
             used = sum(size for _, size, _ in entries)
             self._unscanned = 0
-            if used > self.capacity:
+            if used + self._spares.scan() > self.capacity:  # entries and spares share it
                 budget = int(self.capacity * _EVICT_TO)
                 for _, size, path in entries:
                     if used <= budget:
                         break
-                    if path != keep and _unlink(path) is None:
+                    if path != keep and self._retire(path, size):
                         used -= size
             self._used = used
 
+    def _retire(self, path: Path, size: int) -> bool:
+        """Evict one entry file: into the spare pool when writing through the page cache."""
+        if self._direct is None:
+            return self._spares.retire(path, size)
+        return _unlink(path) is None
+
     def clear(self) -> None:
-        """Remove every entry file; raises StoreError if some could not be removed."""
+        """Remove every entry and spare file; raises StoreError if some could not be removed."""
         with self._lock:
             left = [(size, _unlink(path)) for _, size, path in self._entries()]
             failed = [(size, error) for size, error in left if error is not None]
             self._used = sum(size for size, _ in failed)
+            spare_error = self._spares.clear()
         if failed:
             raise self._error("clear", failed[0][1]) from failed[0][1]
+        if spare_error is not None:
+            raise self._error("clear", spare_error) from spare_error

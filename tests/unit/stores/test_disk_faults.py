@@ -150,6 +150,7 @@ def test_a_file_eviction_cannot_remove_is_skipped(
     faults = Faults(monkeypatch, _entry_path(store, _key(0)), errno.EACCES)  # the oldest
     os.utime(_entry_path(store, _key(0)), (1, 1))
     faults.fail("unlink")
+    faults.fail("replace")  # neither removed nor moved to the spare pool
     assert store.put(_key(10), b"n" * 700)  # 1100 bytes: evicts, but not key 0
     assert store.contains(_key(0)) and store.contains(_key(10))
     assert store.used_bytes() <= 900
