@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIGS", "LMCACHE_PORT", "disk_tier", "kv_config"]
+from kvmux.tools.bench.disk_fill import DISK_CAPACITY
+
+__all__ = ["CONFIGS", "DISK_CONFIGS", "LMCACHE_PORT", "disk_tier", "kv_config"]
 
 LMCACHE_PORT = 5555
 CONFIGS = (
@@ -19,6 +21,7 @@ CONFIGS = (
     "kvmux-mux-compose",
     "kvmux-mux-redis",
 )
+DISK_CONFIGS = ("kvmux-mux-first", "kvmux-mux-compose", "kvmux-mux-redis")  # with a disk tier
 MEMORY = {"type": "memory", "capacity": "2GiB", "name": "memory"}
 
 
@@ -40,19 +43,29 @@ def _mux(policy: str, tiers: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def disk_tier(path: Path, direct_writes: bool) -> dict[str, Any]:
-    """The benchmark's disk tier at ``path`` (8 GiB), written around the page cache or not."""
-    tier: dict[str, Any] = {"type": "disk", "path": str(path), "capacity": "8GiB", "name": "disk"}
+    """The benchmark's disk tier at ``path``, written around the page cache or not."""
+    tier: dict[str, Any] = {
+        "type": "disk",
+        "path": str(path),
+        "capacity": DISK_CAPACITY,
+        "name": "disk",
+    }
     if direct_writes:
         tier["direct_writes"] = True
     return tier
 
 
 def kv_config(
-    name: str, work: Path, redis_url: str | None, direct_writes: bool = False
+    name: str,
+    work: Path,
+    redis_url: str | None,
+    direct_writes: bool = False,
+    disk_path: Path | None = None,
 ) -> dict[str, Any] | None:
     """KVTransferConfig fields of configuration ``name`` (None: no connector);
-    ``direct_writes``: its disk tier's (``host_memory.disk_writes``)."""
-    disk = disk_tier(work / "disk", direct_writes)
+    ``direct_writes``: its disk tier's (``host_memory.disk_writes``), at ``disk_path``
+    (default ``work/disk``)."""
+    disk = disk_tier(disk_path or work / "disk", direct_writes)
     if name in ("none", "vllm-prefix-cache"):
         return None
     if name == "example":

@@ -25,6 +25,7 @@ from typing import Any
 
 from kvmux.tools.bench.allocator import ALLOCATORS, allocator_env
 from kvmux.tools.bench.configs import CONFIGS
+from kvmux.tools.bench.disk_fill import fill_disk
 from kvmux.tools.bench.e2e import Runner
 from kvmux.tools.bench.host_memory import DISK_WRITES
 from kvmux.tools.bench.host_memory import disk_writes as disk_writes_of
@@ -99,6 +100,7 @@ def run_split(
         if not empty_redis:
             redis.fill(ENTRY_BYTES)
         runner = Runner(plan, model, workdir / "e2e", redis.url, {}, extra_env, direct_writes)
+        fill_disk(runner.disk_path, ENTRY_BYTES)
         for config in configs:
             steps = batch_steps(runner, batches, [redis.proc.pid])
             run = runner.run(

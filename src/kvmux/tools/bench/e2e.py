@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.bench.configs import disk_tier, kv_config
+from kvmux.tools.bench.configs import DISK_CONFIGS, disk_tier, kv_config
+from kvmux.tools.bench.disk_fill import forget_disk
 from kvmux.tools.bench.profiles import BenchPlan
 from kvmux.tools.engine import run_engine_job
 from kvmux.tools.models import MODEL_SIZES
@@ -72,6 +73,7 @@ class Runner:
         # set for every engine the run starts: its allocator (bench/allocator.py)
         self.extra_env = dict(extra_env or {})
         self.direct_writes = direct_writes  # the disk tiers' (bench/host_memory.py)
+        self.disk_path = work / "disk"  # the one disk tier every engine uses (bench/disk_fill.py)
         self.vocab = MODEL_SIZES[plan.model_size].vocab_size
 
     @property
@@ -99,6 +101,8 @@ class Runner:
         work = self.work / config
         if fresh:
             shutil.rmtree(work, ignore_errors=True)
+            if config in DISK_CONFIGS:
+                forget_disk(self.disk_path)
         work.mkdir(parents=True, exist_ok=True)
         longest = max(
             (*self.plan.lengths, self.plan.system_tokens + self.plan.turns * self.plan.user_tokens)
@@ -114,7 +118,7 @@ class Runner:
         job = {
             "model": str(self.model),
             "engine": settings,
-            "kv": kv_config(config, work, self.redis_url, self.direct_writes),
+            "kv": kv_config(config, work, self.redis_url, self.direct_writes, self.disk_path),
             "steps": [_gen([self.tokens(1, 256)]), *steps],  # warm-up, not measured
             "multiprocess": multiprocess,
         }
@@ -168,7 +172,7 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
     restart = None
     if config in RESTART_SOURCES:
         if config == "kvmux-mux-redis":  # empty the disk tier so the hit must come from Redis
-            shutil.rmtree(runner.work / config / "disk", ignore_errors=True)
+            forget_disk(runner.disk_path)
         again_steps = [s for p in prompts for s in (settle, _gen([p]))]
         restart = _generates(runner.run(config, again_steps, fresh=False))
     for i, length in enumerate(runner.plan.lengths):
@@ -449,7 +453,8 @@ def loads_while_decoding(
     work = runner.work / f"loading-{tier}-{mode}"
     shutil.rmtree(work, ignore_errors=True)
     if tier == "disk":
-        store = disk_tier(work / "disk", runner.direct_writes)
+        forget_disk(runner.disk_path)
+        store = disk_tier(runner.disk_path, runner.direct_writes)
     elif runner.redis_url is not None:
         prefix = f"kvmux-loading-{uuid.uuid4().hex[:12]}:"  # nothing stored before
         store = {"type": "redis", "url": runner.redis_url, "key_prefix": prefix}

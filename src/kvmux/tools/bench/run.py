@@ -14,6 +14,7 @@ from tqdm import tqdm
 from kvmux.tools.bench.allocator import allocator_env
 from kvmux.tools.bench.bars import evaluate_bars
 from kvmux.tools.bench.configs import CONFIGS
+from kvmux.tools.bench.disk_fill import DISK_CAPACITY, fill_disk
 from kvmux.tools.bench.e2e import Runner, async_loads, long_prompts, mux_overhead, reuse_workload
 from kvmux.tools.bench.host_memory import disk_writes as disk_writes_of
 from kvmux.tools.bench.microbench import run_store_bench
@@ -107,6 +108,8 @@ def run_bench(
                 pythons["lmcache"] = str(lmcache_python)
     runner = Runner(plan, model, workdir / "e2e", redis.url, pythons, extra_env, direct_writes)
     try:
+        filled = fill_disk(runner.disk_path, ENTRY_BYTES)
+        results["disk"] = {"capacity": DISK_CAPACITY, "filler_entries": filled}
         work = [(name, c) for c in configs for name in ("long_prompts", "reuse")]
         for name, config in tqdm(work, desc="end-to-end", unit="run"):
             call = _workload(runner, name, config)

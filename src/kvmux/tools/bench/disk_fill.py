@@ -1,0 +1,44 @@
+"""The benchmark's disk tier: one directory, full from the start, as a serving tier is.
+
+A disk tier that has been serving is full: every entry written evicts one, whose file
+the next write overwrites in place (``stores/spare_pool.py``). An empty tier grows
+instead, a new file and new page-cache pages for every entry, which on a virtual machine
+that hands free memory back to its host costs more than the writes themselves
+(docs/benchmarks.md). So a run fills its disk tier with filler entries first, as it
+fills its Redis, and empties it for an engine by moving it to a new generation: the
+files stay, stale, and are evicted before anything an engine wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from kvmux.config import parse_capacity
+from kvmux.stores import DiskStore
+
+__all__ = ["DISK_CAPACITY", "fill_disk", "forget_disk"]
+
+DISK_CAPACITY = "4GiB"  # the benchmark's disk tier, page cache included, fits beside its engines
+FILLER_NAMESPACE = b"kvmux bench disk filler"  # keys no engine ever computes
+
+
+def _store(path: Path) -> DiskStore:
+    return DiskStore(path, parse_capacity(DISK_CAPACITY, "capacity"), touch=False)
+
+
+def fill_disk(path: Path, entry_bytes: int) -> int:
+    """Fill the disk tier at ``path`` with filler entries up to its capacity; how many."""
+    store = _store(path)
+    value, count = bytes(entry_bytes), 0
+    while store.used_bytes() + entry_bytes <= store.capacity:
+        key = hashlib.blake2b(count.to_bytes(8, "little"), key=FILLER_NAMESPACE).digest()
+        store.put(key, value)
+        count += 1
+    return count
+
+
+def forget_disk(path: Path) -> int:
+    """Move the disk tier at ``path`` to a new generation: its entries are never served
+    again, and evicted first; the new generation."""
+    return _store(path).advance_generation()
