@@ -98,9 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--disk-writes",
         choices=DISK_WRITES,
-        default="auto",
-        help="how the disk tiers write (auto: around the page cache, direct_writes, on a "
-        "machine that hands free memory back to its host, as the README advises)",
+        default="page-cache",
+        help="how the disk tiers write: through the page cache, or around it "
+        "(direct_writes; README, Disk tier)",
     )
     bench.set_defaults(func=_bench)
     check = commands.add_parser(

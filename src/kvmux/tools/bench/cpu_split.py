@@ -87,7 +87,7 @@ def run_split(
     plan: BenchPlan = FULL,
     allocator: str = "auto",
     empty_redis: bool = False,
-    disk_writes: str = "auto",
+    disk_writes: str = "page-cache",
 ) -> list[dict[str, Any]]:
     """One engine per configuration through ``batch_steps``; a row per configuration."""
     _, extra_env = allocator_env(allocator)
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--allocator", choices=ALLOCATORS, default="auto")
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="page-cache")
     parser.add_argument("--empty-redis", action="store_true", help="start redis-server empty")
-    parser.add_argument("--disk-writes", choices=DISK_WRITES, default="auto")
+    parser.add_argument("--disk-writes", choices=DISK_WRITES, default="page-cache")
     args = parser.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     accepted = [c for c in CONFIGS if c != "lmcache"]  # LMCache needs its own server

@@ -59,13 +59,13 @@ def run_bench(
     configs: tuple[str, ...] = CONFIGS,
     allocator: str = "auto",
     empty_redis: bool = False,
-    disk_writes: str = "auto",
+    disk_writes: str = "page-cache",
 ) -> dict[str, Any]:
     """Run the benchmark; returns the results written to ``out``.
 
     ``allocator`` (``bench/allocator.py``): the memory allocator of every engine.
-    ``disk_writes`` (``bench/host_memory.py``): how the disk tiers write; ``auto`` writes
-    around the page cache on a machine that hands free memory back to its host.
+    ``disk_writes`` (``bench/host_memory.py``): how the disk tiers write: ``page-cache``
+    (the default) or ``direct`` (around it, ``direct_writes``).
     ``empty_redis``: the Redis tier starts empty instead of full (``RedisProcess.fill``).
     """
     plan: BenchPlan = QUICK if quick else FULL
