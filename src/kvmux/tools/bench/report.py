@@ -241,9 +241,17 @@ def _settings(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
         state = f"full, evicting ({filler} filler entries)" if filler else "empty at start"
     else:
         state = "not recorded (empty at start)"
+    disk = data.get("disk")
+    if isinstance(disk, Mapping):
+        filled = disk.get("filler_entries", 0)
+        disk_state = f"{disk.get('capacity')}, one directory, full from the start"
+        disk_state += f" ({filled} filler entries)" if filled else " (already full)"
+    else:
+        disk_state = "not recorded (a directory per configuration, empty at start)"
     return [
         ("allocator", data.get("allocator", "not recorded")),
         ("redis tier", state),
+        ("disk tier", disk_state),
         ("disk tier writes", data.get("disk_writes", "not recorded (page cache)")),
     ]
 
