@@ -30,11 +30,12 @@ def label(machine: dict[str, Any]) -> str:
 
 
 def settings(data: dict[str, Any]) -> str:
-    """The engines' allocator, the Redis tier's state at start and direct disk writes."""
+    """The engines' allocator, the Redis and disk tiers' state at start, direct disk writes."""
     allocator = str(data.get("allocator", "glibc")).split(" ")[0].replace("system", "glibc")
     redis = data.get("redis", {}).get("filler_entries", 0)
     direct = str(data.get("disk_writes", "")).startswith("direct")
-    disk = ", disk direct" if direct else ""
+    disk = ", disk full" if "disk" in data else ""
+    disk += ", disk direct" if direct else ""
     return f"{allocator}, Redis {'full' if redis else 'empty'}{disk}"
 
 
