@@ -23,13 +23,13 @@ DISK_CAPACITY = "4GiB"  # the benchmark's disk tier, page cache included, fits b
 FILLER_NAMESPACE = b"kvmux bench disk filler"  # keys no engine ever computes
 
 
-def _store(path: Path) -> DiskStore:
-    return DiskStore(path, parse_capacity(DISK_CAPACITY, "capacity"), touch=False)
+def _store(path: Path, capacity: str) -> DiskStore:
+    return DiskStore(path, parse_capacity(capacity, "capacity"), touch=False)
 
 
-def fill_disk(path: Path, entry_bytes: int) -> int:
+def fill_disk(path: Path, entry_bytes: int, capacity: str = DISK_CAPACITY) -> int:
     """Fill the disk tier at ``path`` with filler entries up to its capacity; how many."""
-    store = _store(path)
+    store = _store(path, capacity)
     value, count = bytes(entry_bytes), 0
     while store.used_bytes() + entry_bytes <= store.capacity:
         key = hashlib.blake2b(count.to_bytes(8, "little"), key=FILLER_NAMESPACE).digest()
@@ -38,7 +38,7 @@ def fill_disk(path: Path, entry_bytes: int) -> int:
     return count
 
 
-def forget_disk(path: Path) -> int:
+def forget_disk(path: Path, capacity: str = DISK_CAPACITY) -> int:
     """Move the disk tier at ``path`` to a new generation: its entries are never served
     again, and evicted first; the new generation."""
-    return _store(path).advance_generation()
+    return _store(path, capacity).advance_generation()
