@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvmux.errors import StoreError, StoreUnavailable
+from kvmux.stores._files import remove_file
 from kvmux.stores.base import KVStore, StoredEntry, ValueParts, value_nbytes
 from kvmux.stores.direct_io import DIRECT_MIN_BYTES, O_DIRECT, DirectRefused, DirectWriter
 from kvmux.stores.spare_pool import SparePool
@@ -82,17 +83,6 @@ def _read_at_most(fd: int, size: int) -> bytes | None:
     """The file's bytes, or None if it holds more than ``size`` (it grew meanwhile)."""
     data = _read_head(fd, size + 1)
     return data if len(data) <= size else None
-
-
-def _unlink(path: Path) -> OSError | None:
-    """Remove ``path``; the error if it could not be removed (a vanished file is removed)."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return exc
-    return None
 
 
 def _key_of(path: Path) -> bytes | None:
@@ -275,11 +265,9 @@ class DiskStore(KVStore):
 
         The file is a spare overwritten in place when the pool has one, else a new file.
         """
-        tmp_name = str(self._tmp / f"{secrets.token_hex(8)}.part")
-        fd = self._spares.claim(tmp_name)
+        claimed = self._spares.claim(self._tmp, ".part")
         try:
-            if fd is None:
-                fd, tmp_name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+            fd, tmp_name = claimed or tempfile.mkstemp(dir=self._tmp, suffix=".part")
         except OSError as exc:
             raise self._error("write", exc) from exc
         try:
@@ -423,12 +411,12 @@ class DiskStore(KVStore):
         """Evict one entry file: into the spare pool when writing through the page cache."""
         if self._direct is None:
             return self._spares.retire(path, size)
-        return _unlink(path) is None
+        return remove_file(path) is None
 
     def clear(self) -> None:
         """Remove every entry and spare file; raises StoreError if some could not be removed."""
         with self._lock:
-            left = [(size, _unlink(path)) for _, size, path in self._entries()]
+            left = [(size, remove_file(path)) for _, size, path in self._entries()]
             failed = [(size, error) for size, error in left if error is not None]
             self._used = sum(size for size, _ in failed)
             spare_error = self._spares.clear()

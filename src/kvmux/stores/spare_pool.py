@@ -27,6 +27,8 @@ import stat
 import threading
 from pathlib import Path
 
+from kvmux.stores._files import remove_file
+
 __all__ = ["SparePool"]
 
 _SUFFIX = ".spare"
@@ -88,16 +90,11 @@ class SparePool:
                 with self._lock:
                     self._known.append((name, size))
                 return True
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        return True
+        return remove_file(path) is None
 
-    def claim(self, dest: str) -> int | None:
-        """Rename a spare file to ``dest`` and open it for writing in place; its fd, or None.
+    def claim(self, directory: Path, suffix: str) -> tuple[int, str] | None:
+        """Rename a spare file to a new name in ``directory`` (ending in ``suffix``) and
+        open it for writing in place; (its fd, its path), or None if there is none.
 
         The caller writes from offset 0 and cuts the file to its new length.
         """
@@ -106,6 +103,7 @@ class SparePool:
                 if not self._known:
                     return None
                 name, size = self._known.pop()
+            dest = str(directory / f"{secrets.token_hex(8)}{suffix}")
             try:
                 os.rename(self.root / name, dest)
             except OSError:
@@ -113,7 +111,7 @@ class SparePool:
             self._release(size)
             fd = self._open_reusable(dest)
             if fd is not None:
-                return fd
+                return fd, dest
 
     def _open_reusable(self, path: str) -> int | None:
         """An fd to write ``path`` in place if it is a file fit for reuse; else remove it."""
@@ -146,11 +144,6 @@ class SparePool:
         with contextlib.suppress(OSError), os.scandir(self.root) as listing:
             names = [item.name for item in listing if item.name.endswith(_SUFFIX)]
         for name in names:
-            try:
-                os.unlink(self.root / name)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                first = first or exc
+            first = first or remove_file(self.root / name)
         self.scan()
         return first

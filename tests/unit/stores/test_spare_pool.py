@@ -106,10 +106,13 @@ def test_a_spare_is_claimed_once_between_engines(tmp_path: Path) -> None:
     (pool_dir / "one.spare").write_bytes(b"s" * 10)
     first, second = SparePool(pool_dir, 100, 100), SparePool(pool_dir, 100, 100)
     first.scan(), second.scan()
-    fd = first.claim(str(tmp_path / "a.part"))
-    assert fd is not None
+    claimed = first.claim(tmp_path, ".part")
+    assert claimed is not None
+    fd, path = claimed
     os.close(fd)
-    assert second.claim(str(tmp_path / "b.part")) is None
+    assert path.startswith(str(tmp_path)) and path.endswith(".part")
+    assert Path(path).read_bytes() == b"s" * 10  # the spare itself, renamed
+    assert second.claim(tmp_path, ".part") is None
     assert second.nbytes == 10 and second.scan() == 0  # the next scan sees it gone
 
 
