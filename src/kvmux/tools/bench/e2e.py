@@ -364,7 +364,7 @@ class LoadingShape:
     loaders: int = 6  # long prompts arriving, one every gap_steps engine steps
     gap_steps: int = 16
     long_tokens: int = 4096  # whole blocks of each long prompt (one more token is computed)
-    rounds: int = 3  # each phase this many times, alternating
+    rounds: int = 6  # each phase this many times, alternating (3 up to run 26)
 
 
 def _percentile(values: list[float], share: float) -> float | None:
