@@ -76,6 +76,14 @@ def limit(value: float) -> str:
     return f"{value:g}"
 
 
+_COUNTS = re.compile(r"\b\d+ (?=(?:engine )?pairs\b)")
+
+
+def same_bar(a: str, b: str) -> bool:
+    """Whether two bar names name one bar, whatever the count of pairs it was taken over."""
+    return a == b or _COUNTS.sub("", a) == _COUNTS.sub("", b)
+
+
 def bars_table(runs: list[tuple[int, str, dict[str, Any]]], earlier: list[dict[str, Any]]) -> str:
     """Every bar of the new runs, met in all of them or not, and the earlier runs' range."""
     heads = [f"run {n} ({c}, {label(d['machine'])}, {settings(d)})" for n, c, d in runs]
@@ -91,7 +99,7 @@ def bars_table(runs: list[tuple[int, str, dict[str, Any]]], earlier: list[dict[s
             b["measured"]
             for e in earlier
             for b in e["bars"]
-            if b["bar"] == name and b["measured"] is not None
+            if same_bar(b["bar"], name) and b["measured"] is not None
         ]
         span = f"{min(old):.3f} to {max(old):.3f}" if old else "-"
         rows.append([name, *map(cell, found), limit(bar["limit"]), "yes" if met else "no", span])
