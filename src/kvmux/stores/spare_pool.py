@@ -144,6 +144,7 @@ class SparePool:
         with contextlib.suppress(OSError), os.scandir(self.root) as listing:
             names = [item.name for item in listing if item.name.endswith(_SUFFIX)]
         for name in names:
-            first = first or remove_file(self.root / name)
+            error = remove_file(self.root / name)  # every file, whatever failed before
+            first = first or error
         self.scan()
         return first

@@ -9,7 +9,8 @@ import pytest
 
 from kvmux import codec
 from kvmux.errors import CorruptEntry
-from kvmux.stores import DiskStore
+from kvmux.stores import DiskStore, spare_pool
+from kvmux.stores._files import remove_file
 from kvmux.stores.spare_pool import SparePool
 
 ENTRY = 1000  # bytes of every entry below: ten fill a store of 10_000
@@ -142,3 +143,23 @@ def test_clear_removes_spares(tmp_path: Path) -> None:
     assert _spares(store)
     store.clear()
     assert _spares(store) == [] and store._spares.nbytes == 0
+
+
+def test_clear_goes_on_past_a_file_it_cannot_remove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool_dir = tmp_path / "spare"
+    pool_dir.mkdir()
+    for name in ("a", "b", "c"):
+        (pool_dir / f"{name}.spare").write_bytes(b"s")
+    refused = OSError(13, "refused")
+    calls: list[Path] = []
+
+    def first_refused(path: Path) -> OSError | None:
+        calls.append(path)
+        return refused if len(calls) == 1 else remove_file(path)
+
+    monkeypatch.setattr(spare_pool, "remove_file", first_refused)
+    assert SparePool(pool_dir, 100, 100).clear() is refused
+    assert len(calls) == 3
+    assert sorted(p.name for p in pool_dir.iterdir()) == [calls[0].name]  # only the refused
