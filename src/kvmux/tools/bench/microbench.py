@@ -7,6 +7,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,32 @@ __all__ = ["run_store_bench"]
 
 LAYERS = 8  # layers per entry, as in one block of the benchmark model
 BATCH = 8  # redis entries per pipelined round trip (one engine step)
-REPEATS = 3
+REPEATS = 5  # rounds in which a tier's operations take turns; each keeps its fastest
 NAMESPACE = namespace_id({"bench": "stores"})
 _DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 Unit = list[int]  # indices of the entries one timed call handles
 Samples = list[tuple[float, int]]  # (seconds, entries) of each timed call
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """One timed operation: ``body`` on every unit, after ``before`` (untimed)."""
+
+    units: list[Unit]
+    body: Callable[[Unit], object]
+    before: Callable[[], object] | None = None
+
+    def run(self) -> Samples:
+        """Time one pass over every unit."""
+        if self.before is not None:
+            self.before()
+        samples: Samples = []
+        for unit in self.units:
+            start = time.perf_counter()
+            self.body(unit)
+            samples.append((time.perf_counter() - start, len(unit)))
+        return samples
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
@@ -132,30 +153,27 @@ class _Bench:
             raise RuntimeError(f"entry {i} missing during the benchmark")
         self.mover.copy_in(i, codec.decode(value, NAMESPACE, self.keys[i]))
 
-    def measure(
-        self,
-        desc: str,
-        units: list[Unit],
-        body: Callable[[Unit], object],
-        before: Callable[[], object] | None = None,
-    ) -> dict[str, float]:
-        """Time ``body`` on every unit, REPEATS times; the summary of the fastest repeat."""
-        best: Samples | None = None
-        total = REPEATS * self.entries
+    def measure(self, desc: str, *ops: _Timed) -> list[dict[str, float]]:
+        """Time ``ops`` in turn, REPEATS rounds; the summary of each one's fastest round.
+
+        Taking turns puts kvmux's operations and their limits in the same spells of the
+        machine, so a slow spell weighs on both sides of a ratio rather than on one.
+        """
+        best: list[Samples | None] = [None] * len(ops)
+        total = REPEATS * sum(len(unit) for op in ops for unit in op.units)
         with tqdm(total=total, desc=desc, unit="entry", disable=not self.progress) as bar:
             for _ in range(REPEATS):
-                if before is not None:
-                    before()
-                samples: Samples = []
-                for unit in units:
-                    start = time.perf_counter()
-                    body(unit)
-                    samples.append((time.perf_counter() - start, len(unit)))
-                    bar.update(len(unit))
-                if best is None or sum(s for s, _ in samples) < sum(s for s, _ in best):
-                    best = samples
-        assert best is not None
-        return _summary(best, self.entry_bytes)
+                for n, op in enumerate(ops):
+                    samples = op.run()
+                    bar.update(sum(count for _, count in samples))
+                    fastest = best[n]
+                    if fastest is None or _total(samples) < _total(fastest):
+                        best[n] = samples
+        return [_summary(samples, self.entry_bytes) for samples in best if samples is not None]
+
+
+def _total(samples: Samples) -> float:
+    return sum(seconds for seconds, _ in samples)
 
 
 def _memory(b: _Bench) -> list[dict[str, Any]]:
@@ -180,9 +198,6 @@ def _memory(b: _Bench) -> list[dict[str, Any]]:
         if worker.take_load_errors():
             raise RuntimeError("an entry went missing during the benchmark")
 
-    saved = b.measure("memory put", b.batches, put, worker.clear)
-    loaded = b.measure("memory get", b.batches, get)
-    worker.close()
     flat = b.payloads.reshape(-1)
     dst = torch.empty_like(flat)
 
@@ -190,7 +205,13 @@ def _memory(b: _Bench) -> list[dict[str, Any]]:
         start, end = unit[0] * b.entry_bytes, (unit[-1] + 1) * b.entry_bytes
         dst[start:end].copy_(flat[start:end])
 
-    limit = b.measure("memory limit", b.batches, copy)
+    saved, loaded, limit = b.measure(
+        "memory",
+        _Timed(b.batches, put, worker.clear),
+        _Timed(b.batches, get),
+        _Timed(b.batches, copy),
+    )
+    worker.close()
     name = f"tensor copy of a step's {BATCH} blocks (dst.copy_(src), contiguous)"
     return [_row("memory", "put", saved, name, limit), _row("memory", "get", loaded, name, limit)]
 
@@ -216,15 +237,13 @@ def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
             path.unlink(missing_ok=True)
         os.sync()
 
-    put = b.measure("disk put", b.singles, partial(b.put, store), fresh_store)
-    write = b.measure(
-        "disk write limit",
-        b.singles,
-        lambda u: _write_file(paths[u[0]], b.values[u[0]]),
-        fresh_files,
+    put, write, get, read = b.measure(
+        "disk",
+        _Timed(b.singles, partial(b.put, store), fresh_store),
+        _Timed(b.singles, lambda u: _write_file(paths[u[0]], b.values[u[0]]), fresh_files),
+        _Timed(b.singles, lambda u: b.load(u[0], store.get(b.keys[u[0]])), cold),
+        _Timed(b.singles, lambda u: paths[u[0]].read_bytes(), cold),
     )
-    get = b.measure("disk get", b.singles, lambda u: b.load(u[0], store.get(b.keys[u[0]])), cold)
-    read = b.measure("disk read limit", b.singles, lambda u: paths[u[0]].read_bytes(), cold)
     shutil.rmtree(root, ignore_errors=True)
     cache = {
         "reads": "warm" if failures else "dropped",
@@ -250,7 +269,7 @@ def _redis(b: _Bench, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, An
         for i, value in zip(unit, store.get_many([b.keys[i] for i in unit]), strict=True):
             b.load(i, value)
 
-    def set_batch(unit: Unit) -> None:
+    def raw_set_batch(unit: Unit) -> None:
         pipe = plain.pipeline(transaction=False)
         for i in unit:
             pipe.set(raw_keys[i], b.values[i])
@@ -268,10 +287,13 @@ def _redis(b: _Bench, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, An
         store = RedisStore(spec)
         plain = redis.Redis.from_url(server.url, socket_timeout=30.0)
         try:
-            put = b.measure("redis put", b.batches, partial(b.put, store), plain.flushall)
-            get = b.measure("redis get", b.batches, get_batch)
-            raw_set = b.measure("redis SET limit", b.batches, set_batch, plain.flushall)
-            raw_get = b.measure("redis GET limit", b.batches, raw_get_batch)
+            put, get, raw_set, raw_get = b.measure(
+                "redis",
+                _Timed(b.batches, partial(b.put, store), plain.flushall),
+                _Timed(b.batches, get_batch),
+                _Timed(b.batches, raw_set_batch, plain.flushall),
+                _Timed(b.batches, raw_get_batch),
+            )
             version = str(plain.info("server")["redis_version"])
         finally:
             store.close()
@@ -313,6 +335,7 @@ def run_store_bench(
             "layer_dtype": "bfloat16",
             "repeats": REPEATS,
             "keep": f"best of {REPEATS} repeats (lowest total time)",
+            "order": "a tier's operations and their limits take turns, repeat by repeat",
             "gb": "1e9 bytes of payload (entries x entry_bytes)",
             "seconds": "sum of the timed calls (time.perf_counter)",
             "latency": f"per entry; memory and redis: time of a step of {BATCH} / entries in it",

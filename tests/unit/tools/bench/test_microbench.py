@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,15 @@ pytest.importorskip("matplotlib")
 if shutil.which("redis-server") is None:
     pytest.skip("redis-server is not on PATH", allow_module_level=True)
 
-from kvmux.tools.bench.microbench import run_store_bench
+from kvmux.tools.bench.microbench import REPEATS, _Bench, _Timed, run_store_bench
 from kvmux.tools.bench.report import machine_info, write_report
 
 
 def test_store_bench_and_report(tmp_path: Path) -> None:
     stores = run_store_bench(4, 64 * 1024, tmp_path / "work", progress=False)
     assert stores["config"]["entries"] == 4
-    assert stores["config"]["repeats"] == 3
+    assert stores["config"]["repeats"] == REPEATS
+    assert "take turns" in stores["config"]["order"]
     assert stores["disk_page_cache"]["reads"] in ("dropped", "warm")
     pairs = [(row["tier"], row["op"]) for row in stores["rows"]]
     assert pairs == [(t, op) for t in ("memory", "disk", "redis") for op in ("put", "get")]
@@ -40,6 +42,18 @@ def test_store_bench_and_report(tmp_path: Path) -> None:
     assert "## Machine" in markdown and "## Store microbenchmarks" in markdown
     assert "## serving" in markdown and "| kvmux | 0.5 |" in markdown
     assert (out / "stores.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_operations_take_turns_round_by_round() -> None:
+    bench = _Bench(2, 1024, progress=False)
+    log: list[str] = []
+    ops = [
+        _Timed([[0], [1]], lambda u, n=name: log.append(f"{n}{u[0]}"), partial(log.append, name))
+        for name in ("put", "limit")
+    ]
+    summaries = bench.measure("turns", *ops)
+    assert len(summaries) == 2
+    assert log == ["put", "put0", "put1", "limit", "limit0", "limit1"] * REPEATS
 
 
 def test_report_without_sections(tmp_path: Path) -> None:
