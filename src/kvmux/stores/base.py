@@ -46,6 +46,12 @@ class KVStore(ABC):
     def get(self, key: bytes) -> bytes | None:
         """The value under ``key``, or None if absent."""
 
+    def get_into(self, key: bytes, buffer: bytearray) -> bytes | memoryview | None:
+        """``get``; a store that reads from files may read into ``buffer`` and return a view
+        of it (valid until the caller reuses the buffer). A value that does not fit comes as
+        bytes of its own."""
+        return self.get(key)
+
     @abstractmethod
     def contains(self, key: bytes) -> bool:
         """Whether ``key`` is present, without reading its value."""

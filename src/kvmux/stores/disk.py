@@ -31,7 +31,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from kvmux.errors import StoreError, StoreUnavailable
 from kvmux.stores._files import remove_file
@@ -42,6 +44,7 @@ from kvmux.stores.spare_pool import SparePool
 __all__ = ["DiskStore"]
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 _SUFFIX = ".kvx"
 _GENERATION = "generation"  # file holding the directory's generation (see KVStore)
@@ -83,6 +86,17 @@ def _read_at_most(fd: int, size: int) -> bytes | None:
     """The file's bytes, or None if it holds more than ``size`` (it grew meanwhile)."""
     data = _read_head(fd, size + 1)
     return data if len(data) <= size else None
+
+
+def _read_into(fd: int, view: memoryview) -> int:
+    """Fill ``view`` from the file (less at its end); the bytes read."""
+    filled = 0
+    while filled < view.nbytes:
+        count = os.readv(fd, [view[filled:]])
+        if count <= 0:
+            break
+        filled += count
+    return filled
 
 
 def _key_of(path: Path) -> bytes | None:
@@ -302,22 +316,45 @@ class DiskStore(KVStore):
         """Read the entry file, refreshing its recency; None when absent or oversized."""
         return self._open_entry(key, self._read)
 
+    def get_into(self, key: bytes, buffer: bytearray) -> bytes | memoryview | None:
+        """``get``, read into ``buffer`` when the entry fits in it: then a view of it.
+
+        Reads into memory that is reused spare the page faults of fresh memory, which cost
+        more than the read itself (glibc's malloc maps every large read anew).
+        """
+        return self._open_entry(key, partial(self._read_into_buffer, buffer))
+
+    def _read_into_buffer(
+        self, buffer: bytearray, fd: int, info: os.stat_result
+    ) -> bytes | memoryview | None:
+        if info.st_size > self.capacity or info.st_size >= len(buffer):
+            return self._read(fd, info)  # a byte to spare in the buffer tells what grew
+        view = memoryview(buffer)[: info.st_size + 1]
+        filled = _read_into(fd, view)
+        if filled > info.st_size:
+            return None  # it grew meanwhile
+        self._touch(fd)
+        return view[:filled]
+
     def _read(self, fd: int, info: os.stat_result) -> bytes | None:
         if info.st_size > self.capacity:
             return None  # no entry is larger than the budget: garbage, never read
         data = _read_at_most(fd, info.st_size)
-        if data is not None and self.touch:
+        if data is not None:
+            self._touch(fd)
+        return data
+
+    def _touch(self, fd: int) -> None:
+        """Refresh a read entry's recency (its mtime), unless the store leaves it alone."""
+        if self.touch:
             with contextlib.suppress(OSError):
                 os.utime(fd)
-        return data
 
     def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
         """The first ``size`` bytes of each entry file, leaving its mtime alone."""
         return [self._open_entry(key, lambda fd, _: _read_head(fd, size)) for key in keys]
 
-    def _open_entry(
-        self, key: bytes, read: Callable[[int, os.stat_result], bytes | None]
-    ) -> bytes | None:
+    def _open_entry(self, key: bytes, read: Callable[[int, os.stat_result], R]) -> R | None:
         """``read(fd, stat)`` of the key's entry file; None when absent.
 
         Never follows a symlink nor opens anything but a regular file; an OSError is a

@@ -28,6 +28,7 @@ from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore, ValueParts, value_nbytes
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.read_buffers import ReadBuffers
 from kvmux.tier.slab import HostSlab
 from kvmux.tier.threads import in_background
 from kvmux.tier.transfer import BlockMover, CopyStream, group_movers
@@ -40,6 +41,7 @@ T = TypeVar("T")
 _READERS = 4
 UNVERIFIED_KEPT = 4096  # keys of entries that failed verification, remembered to replace
 MAX_STAGING_SLOTS = 16384  # blocks a save queue holds at most (tiny blocks: fewer bytes)
+ENTRY_SLACK = 64 * 1024  # room past a block's bytes in a read buffer: the entry's header
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class TierWorker(WorkerBase):
         # (insertion-ordered, the oldest forgotten past UNVERIFIED_KEPT); guarded by
         # _lock (loads note them on loader threads, the writer thread reads them)
         self._unverified: dict[bytes, None] = {}
+        self._read_buffers = ReadBuffers(0)  # sized once the KV cache is registered
 
     @property
     def store(self) -> KVStore:
@@ -111,6 +114,7 @@ class TierWorker(WorkerBase):
         """Adopt the engine's KV cache tensors (see ``WorkerBase.register``)."""
         self._movers = group_movers(kv_caches, num_blocks, groups)
         self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
+        self._read_buffers = ReadBuffers(max(self._group_bytes, default=0) + ENTRY_SLACK)
         # as many slots as blocks of the smallest group fit in the save queue (a slot holds
         # a block of any group; vLLM's groups are of one size, the queue's bytes then)
         slots = self._save_queue // max(1, min(self._group_bytes, default=1))
@@ -130,13 +134,9 @@ class TierWorker(WorkerBase):
     def _load_blocks(self, transfers: Sequence[BlockTransfer], parallel: bool = True) -> list[bool]:
         """Read, verify and copy in each block; whether each landed (failures counted)."""
         started = time.perf_counter()
-        keys = [self._skey(t.key) for t in transfers]
-        entries = self._fetch_all(keys, parallel)
-        verified = [
-            None if data is None else self._verified(transfer, skey, data)
-            for data, transfer, skey in zip(entries, transfers, keys, strict=True)
-        ]
-        landed = self._copy_in(transfers, verified)
+        reads = len(transfers) if self._store.parallel_reads else 0  # stores that read files
+        with self._read_buffers.lend(reads) as buffers:
+            landed = self._read_and_copy_in(transfers, buffers, parallel)
         for transfer, ok in zip(transfers, landed, strict=True):
             if not ok:
                 self._report_missing([transfer.key])
@@ -146,6 +146,19 @@ class TierWorker(WorkerBase):
             load_seconds=time.perf_counter() - started,
         )
         return landed
+
+    def _read_and_copy_in(
+        self, transfers: Sequence[BlockTransfer], buffers: list[bytearray], parallel: bool
+    ) -> list[bool]:
+        """Read (into ``buffers``, if any), verify and copy in; the entries' views of the
+        buffers end here."""
+        keys = [self._skey(t.key) for t in transfers]
+        entries = self._fetch_all(keys, buffers, parallel)
+        verified = [
+            None if data is None else self._verified(transfer, skey, data)
+            for data, transfer, skey in zip(entries, transfers, keys, strict=True)
+        ]
+        return self._copy_in(transfers, verified)
 
     def _copy_in(
         self, transfers: Sequence[BlockTransfer], entries: Sequence[DecodedEntry | None]
@@ -168,24 +181,28 @@ class TierWorker(WorkerBase):
                 landed[row] = True
         return landed
 
-    def _fetch_all(self, skeys: list[bytes], parallel: bool = True) -> list[bytes | None]:
+    def _fetch_all(
+        self, skeys: list[bytes], buffers: list[bytearray], parallel: bool = True
+    ) -> list[bytes | memoryview | None]:
         """Every entry, after any queued save of it; a failed read is a miss.
 
-        A store whose reads block on I/O is read key by key (on reader threads if
-        ``parallel``); a batched store in one ``get_many``.
+        A store whose reads block on I/O is read key by key into ``buffers`` (one per key),
+        on reader threads if ``parallel``; a batched store in one ``get_many``.
         """
         with self._lock:
             pending = {self._pending[k] for k in skeys if k in self._pending}
         for future in pending:
             future.exception()  # waits; a failed save is simply a miss
         if self._store.parallel_reads:
-            return list(
-                self._readers.map(self._fetch, skeys) if parallel else map(self._fetch, skeys)
-            )
-        return self._guarded("get", self._store.get_many, skeys, [None] * len(skeys))
+            fetch = self._readers.map if parallel else map
+            return list(fetch(self._fetch, skeys, buffers))
+        entries: list[bytes | None] = self._guarded(
+            "get", self._store.get_many, skeys, [None] * len(skeys)
+        )
+        return list(entries)
 
-    def _fetch(self, skey: bytes) -> bytes | None:
-        return self._guarded("get", self._store.get, skey, None)
+    def _fetch(self, skey: bytes, buffer: bytearray) -> bytes | memoryview | None:
+        return self._guarded("get", partial(self._store.get_into, buffer=buffer), skey, None)
 
     def _guarded(self, what: str, call: Callable[[Any], T], arg: Any, default: T) -> T:
         """``call(arg)``; any failure of the store is counted, logged once: ``default``.
@@ -204,7 +221,9 @@ class TierWorker(WorkerBase):
                 log.debug("kvmux tier %s: unexpected store failure", self._store.name, exc_info=exc)
             return default
 
-    def _verified(self, transfer: BlockTransfer, skey: bytes, data: bytes) -> DecodedEntry | None:
+    def _verified(
+        self, transfer: BlockTransfer, skey: bytes, data: bytes | memoryview
+    ) -> DecodedEntry | None:
         """The decoded entry if it verifies and fits this engine's cache; else None (counted)."""
         assert transfer.group < len(self._movers), "a transfer of a group this worker lacks"
         try:

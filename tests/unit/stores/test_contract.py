@@ -145,6 +145,19 @@ def test_values_are_bytes_exactly(store: KVStore) -> None:
     assert got == value
 
 
+def test_get_into_reads_what_get_reads_whatever_the_buffer(store: KVStore) -> None:
+    long, short = bytes(range(256)) * 8, b"short entry"
+    assert store.put(_key(1), long) and store.put(_key(2), short) and store.put(_key(3), b"")
+    buffer = bytearray(len(long) + 1)
+    for _ in range(2):  # one buffer reused: a shorter entry after a longer one
+        for key, value in ((1, long), (2, short), (3, b"")):
+            got = store.get_into(_key(key), buffer)
+            assert got is not None and bytes(got) == value
+    got = store.get_into(_key(1), bytearray(16))  # too small: the entry comes whole
+    assert got is not None and bytes(got) == long
+    assert store.get_into(_key(4), buffer) is None
+
+
 def test_values_given_as_parts_are_their_concatenation(store: KVStore) -> None:
     layer = memoryview(bytearray(range(256)) * 4)
     parts = [b"head", layer, b"", layer[:7], bytes(100)]

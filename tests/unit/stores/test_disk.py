@@ -196,6 +196,21 @@ def test_get_refreshes_recency(tmp_path: Path) -> None:
     assert _entry_path(store, _key(1)).stat().st_mtime > 1_000_000
 
 
+def test_get_into_reads_into_the_buffer_and_refreshes_recency(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "kv", 1000)
+    store.put(_key(1), b"value")
+    _set_mtime(store, _key(1), 1_000_000)
+    buffer = bytearray(b"x" * 64)
+    got = store.get_into(_key(1), buffer)
+    assert isinstance(got, memoryview) and got.obj is buffer and bytes(got) == b"value"
+    assert buffer[5:] == b"x" * 59  # nothing past the entry was touched
+    assert _entry_path(store, _key(1)).stat().st_mtime > 1_000_000
+    untouched = DiskStore(tmp_path / "kv", 1000, touch=False)
+    _set_mtime(store, _key(1), 1_000_000)
+    assert untouched.get_into(_key(1), buffer) is not None
+    assert _entry_path(store, _key(1)).stat().st_mtime == 1_000_000
+
+
 def test_eviction_removes_the_oldest_files_first(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "kv", 1000)
     for i in range(9):

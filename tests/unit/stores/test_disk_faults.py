@@ -21,7 +21,7 @@ from kvmux.stores import DiskStore
 
 ERRNOS = [errno.EACCES, errno.ESTALE, errno.EIO, errno.ENOSPC, errno.EROFS]
 PATH_FUNCTIONS = ["lstat", "stat", "open", "unlink", "replace", "scandir", "utime", "mkdir"]
-FD_FUNCTIONS = ["read", "fstat", "close"]
+FD_FUNCTIONS = ["read", "readv", "fstat", "close"]
 
 
 def _key(i: int) -> bytes:
@@ -83,6 +83,24 @@ class Faults:
         self.failing.clear()
 
 
+def _read_into(store: DiskStore, key: bytes) -> bytes | None:
+    """``get_into`` with a buffer that fits every entry of these tests, as bytes."""
+    got = store.get_into(key, bytearray(2000))
+    return None if got is None else bytes(got)
+
+
+READS: dict[str, Callable[[DiskStore, bytes], bytes | None]] = {
+    "get": DiskStore.get,
+    "get_into": _read_into,
+}
+
+
+@pytest.fixture(params=list(READS))
+def read(request: pytest.FixtureRequest) -> Callable[[DiskStore, bytes], bytes | None]:
+    """Each way of reading an entry: into fresh bytes, or into a caller's buffer."""
+    return READS[request.param]
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> DiskStore:
     store = DiskStore(tmp_path / "kv", 1000)
@@ -96,6 +114,8 @@ def _exercise(store: DiskStore) -> None:
     operations: list[tuple[Callable[[], object], Callable[[object], bool]]] = [
         (lambda: store.get(_key(0)), lambda r: r in (None, bytes(100))),
         (lambda: store.get(_key(99)), lambda r: r is None),
+        (lambda: _read_into(store, _key(0)), lambda r: r in (None, bytes(100))),
+        (lambda: _read_into(store, _key(99)), lambda r: r is None),
         (lambda: store.get_many([_key(1), _key(99)]), lambda r: r[1] is None),  # type: ignore[index]
         (lambda: store.contains(_key(1)), lambda r: isinstance(r, bool)),
         (lambda: store.contains_many([_key(1), _key(99)]), lambda r: r[1] is False),  # type: ignore[index]
@@ -193,20 +213,24 @@ def test_an_unreadable_shard_is_skipped(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_a_file_larger_than_the_budget_is_a_miss_never_read(
-    store: DiskStore, monkeypatch: pytest.MonkeyPatch
+    store: DiskStore,
+    monkeypatch: pytest.MonkeyPatch,
+    read: Callable[[DiskStore, bytes], bytes | None],
 ) -> None:
     path = _entry_path(store, _key(9))
     path.parent.mkdir(exist_ok=True)
     with open(path, "wb") as handle:
         handle.truncate(1 << 20)  # sparse: 1 MiB, over the 1000-byte budget
     faults = Faults(monkeypatch, store.root, errno.EIO)
-    assert store.get(_key(9)) is None
+    assert read(store, _key(9)) is None
     assert not store.contains(_key(9))
-    assert "read" not in faults.calls
+    assert "read" not in faults.calls and "readv" not in faults.calls
 
 
 def test_a_file_that_grows_while_read_is_a_miss(
-    store: DiskStore, monkeypatch: pytest.MonkeyPatch
+    store: DiskStore,
+    monkeypatch: pytest.MonkeyPatch,
+    read: Callable[[DiskStore, bytes], bytes | None],
 ) -> None:
     real_fstat = os.fstat
 
@@ -217,13 +241,15 @@ def test_a_file_that_grows_while_read_is_a_miss(
         return os.stat_result(fields)
 
     monkeypatch.setattr(os, "fstat", stale_fstat)
-    assert store.get(_key(0)) is None
+    assert read(store, _key(0)) is None
 
 
-def test_a_file_that_vanishes_after_its_lookup_is_a_miss(store: DiskStore) -> None:
+def test_a_file_that_vanishes_after_its_lookup_is_a_miss(
+    store: DiskStore, read: Callable[[DiskStore, bytes], bytes | None]
+) -> None:
     assert store.contains(_key(0))
     _entry_path(store, _key(0)).unlink()
-    assert store.get(_key(0)) is None
+    assert read(store, _key(0)) is None
 
 
 def test_a_directory_where_an_entry_should_be(store: DiskStore) -> None:
@@ -237,7 +263,9 @@ def test_a_directory_where_an_entry_should_be(store: DiskStore) -> None:
     assert list((store.root / "tmp").iterdir()) == []
 
 
-def test_a_symlink_is_not_followed(store: DiskStore, tmp_path: Path) -> None:
+def test_a_symlink_is_not_followed(
+    store: DiskStore, tmp_path: Path, read: Callable[[DiskStore, bytes], bytes | None]
+) -> None:
     outside = tmp_path / "secret"
     outside.write_bytes(b"not an entry")
     path = _entry_path(store, _key(9))
@@ -245,25 +273,27 @@ def test_a_symlink_is_not_followed(store: DiskStore, tmp_path: Path) -> None:
     path.symlink_to(outside)
     assert not store.contains(_key(9))
     with pytest.raises(StoreError):
-        store.get(_key(9))
+        read(store, _key(9))
     assert store.put(_key(9), b"entry")  # replaces the link, not its target
-    assert store.get(_key(9)) == b"entry"
+    assert read(store, _key(9)) == b"entry"
     assert outside.read_bytes() == b"not an entry"
 
 
-def test_a_fifo_does_not_hang_a_read(store: DiskStore) -> None:
+def test_a_fifo_does_not_hang_a_read(
+    store: DiskStore, read: Callable[[DiskStore, bytes], bytes | None]
+) -> None:
     path = _entry_path(store, _key(9))
     path.parent.mkdir(exist_ok=True)
     os.mkfifo(path)
     outcome: list[object] = []
 
-    def read() -> None:
+    def attempt() -> None:
         try:
-            outcome.append(store.get(_key(9)))
+            outcome.append(read(store, _key(9)))
         except StoreError as exc:
             outcome.append(exc)
 
-    reader = threading.Thread(target=read, daemon=True)
+    reader = threading.Thread(target=attempt, daemon=True)
     reader.start()
     reader.join(timeout=5)
     blocked = reader.is_alive()

@@ -18,7 +18,7 @@ from kvmux.config import DEFAULT_SAVE_QUEUE  # noqa: E402
 from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
-from kvmux.stores import KVStore, MemoryStore  # noqa: E402
+from kvmux.stores import DiskStore, KVStore, MemoryStore  # noqa: E402
 from kvmux.tier.index import SharedStoreView  # noqa: E402
 from kvmux.tier.plan import BlockTransfer, TierStepPlan  # noqa: E402
 from kvmux.tier.worker import TierWorker  # noqa: E402
@@ -169,6 +169,31 @@ def test_corrupt_entry_is_a_load_error(layout: str, make_worker: MakeWorker) -> 
     assert not store.contains(skey)  # the bad entry is dropped
     assert store.contains(store_key(K3, 0))
     assert (stats.loaded_blocks, stats.load_errors) == (1, 1)
+
+
+def test_disk_reads_reuse_buffers_and_never_load_a_stale_tail(
+    tmp_path: Path, make_worker: MakeWorker
+) -> None:
+    store = DiskStore(tmp_path / "kv", 1 << 20)
+    source = _caches("blocks_first", random=True)
+    _save(make_worker(store, source), (K1, 1), (K3, 3))
+    target = _caches("blocks_first", random=False)
+    loader = make_worker(store, target)
+    loader.load([BlockTransfer(K1, 4), BlockTransfer(K3, 5)])
+    assert loader.take_load_errors() == set()
+    lent = list(loader._read_buffers._free)
+    assert len(lent) == 2  # read into buffers that were then taken back
+    # K1's entry cut short: the buffer still holds its old tail, which must not load
+    skey = store_key(K1, 0)
+    path = store._path(skey)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    loader.load([BlockTransfer(K1, 2), BlockTransfer(K3, 0)])
+    assert loader.take_load_errors() == {2}
+    assert not target["layer.0"][2].any()
+    for src, dst in zip(source.values(), target.values(), strict=True):
+        assert torch.equal(dst[4], src[1]) and torch.equal(dst[5], src[3])
+        assert torch.equal(dst[0], src[3])
+    assert all(any(b is old for old in lent) for b in loader._read_buffers._free)
 
 
 def test_missing_key_is_a_load_error(layout: str, make_worker: MakeWorker) -> None:
