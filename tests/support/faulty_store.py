@@ -54,7 +54,7 @@ __all__ = ["FAULTS", "GROUPS", "FaultSpec", "FaultyStore", "read_record", "write
 T = TypeVar("T")
 GROUPS = {  # store methods by group; used_bytes and close are never faulted
     "lookup": ("contains", "contains_many", "count_prefix", "generation", "walk"),
-    "get": ("get", "get_many", "head", "head_many"),
+    "get": ("get", "get_into", "get_many", "head", "head_many"),
     "put": ("put", "put_many", "put_many_parts"),
     "delete": ("delete", "delete_many", "clear", "advance_generation"),
 }
@@ -248,6 +248,12 @@ class FaultyStore(KVStore):
         """``inner.get``, then maybe spoiled."""
         value = self._call("get", "get", 1, lambda: self.inner.get(key))
         return self._spoil("get", key, value)
+
+    def get_into(self, key: bytes, buffer: bytearray) -> bytes | memoryview | None:
+        """``inner.get_into``, then maybe spoiled (a spoiled value comes as bytes of its own)."""
+        value = self._call("get", "get_into", 1, lambda: self.inner.get_into(key, buffer))
+        spoiled = self._spoil("get_into", key, None if value is None else bytes(value))
+        return value if spoiled == value else spoiled  # unspoiled: the view itself
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """``inner.get_many``, then each value maybe spoiled."""

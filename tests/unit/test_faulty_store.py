@@ -61,9 +61,14 @@ def store(inner: KVStore, control: Path) -> FaultyStore:
 KEYS = [_key(i) for i in range(3)]
 
 
+def _bytes(value: bytes | memoryview | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
 def _reads(store: KVStore) -> list[object]:
     return [
         store.get(KEYS[0]),
+        _bytes(store.get_into(KEYS[1], bytearray(4096))),
         store.get_many(KEYS),
         store.contains(KEYS[0]),
         store.contains_many(KEYS),
@@ -115,6 +120,7 @@ def test_error_on_reads_raises_from_every_read(
     write_control(control, fault="error", on="reads", error=error)
     calls: list[Callable[[], object]] = [
         lambda: store.get(KEYS[0]),
+        lambda: store.get_into(KEYS[0], bytearray(4096)),
         lambda: store.get_many(KEYS),
         lambda: store.contains(KEYS[0]),
         lambda: store.contains_many(KEYS),
@@ -234,6 +240,9 @@ def test_value_faults_are_drawn_per_value(
     spoiled = [[a != b for a, b in zip(store.get_many(KEYS), good, strict=True)] for _ in range(20)]
     assert any(0 < sum(call) < len(KEYS) for call in spoiled)  # some values of one call
     assert store.injected["corrupt:get_many"] == sum(map(sum, spoiled))
+    write_control(control, fault="corrupt")  # every value
+    got = store.get_into(KEYS[0], bytearray(4096))
+    assert got is not None and bytes(got) != good[0] and store.injected["corrupt:get_into"] == 1
 
 
 def test_control_changes_are_seen_at_once(store: FaultyStore, control: Path) -> None:
