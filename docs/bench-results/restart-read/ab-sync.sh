@@ -8,7 +8,7 @@ for alloc in system; do
     for v in $order; do
       src=/work/main/src; [[ $v == old ]] && src=/tmp/s34/wt/src
       echo "== $alloc $v round $r" >> ab-sync.log
-      ALLOC=$alloc CONFIGS=kvmux-sync OUT=/tmp/s34/rs/abs-$alloc-$v-$r.json PYTHONPATH=$src timeout 900 $PY restart2.py 6 2>/dev/null | grep -E "^(example|kvmux)" >> ab-sync.log
+      ALLOC=$alloc CONFIGS=kvmux-sync OUT=/tmp/s34/rs/abs-$alloc-$v-$r.json PYTHONPATH=$src timeout 900 $PY restart.py 6 2>/dev/null | grep -E "^(example|kvmux)" >> ab-sync.log
     done
   done
 done

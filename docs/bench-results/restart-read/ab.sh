@@ -8,7 +8,7 @@ for alloc in auto system; do
     for v in $order; do
       src=/work/main/src; [[ $v == old ]] && src=/tmp/s34/wt/src
       echo "== $alloc $v round $r" >> ab.log
-      ALLOC=$alloc CONFIGS=example,kvmux-async OUT=/tmp/s34/rs/ab-$alloc-$v-$r.json PYTHONPATH=$src timeout 900 $PY restart2.py 6 2>/dev/null | grep -E "^(example|kvmux)" >> ab.log
+      ALLOC=$alloc CONFIGS=example,kvmux-async OUT=/tmp/s34/rs/ab-$alloc-$v-$r.json PYTHONPATH=$src timeout 900 $PY restart.py 6 2>/dev/null | grep -E "^(example|kvmux)" >> ab.log
     done
   done
 done

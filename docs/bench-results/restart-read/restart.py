@@ -15,12 +15,13 @@ def kv(name, work, redis_url, direct_writes=False, disk_path=None):
         return base_kv("kvmux-mux-first", work, redis_url, direct_writes, disk_path)
     return base_kv(name, work, redis_url, direct_writes, disk_path)
 e2e.kv_config = kv
-_, env = allocator_env("auto")
+import os
+_, env = allocator_env(os.environ.get("ALLOC", "auto"))
 runner = e2e.Runner(FULL, Path("/tmp/s24/bw/model-bench-bfloat16"), Path("/tmp/s34/rs/work"), None, {}, env)
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 settle = {"op": "sleep", "seconds": 1.0}
 out = {}
-for k, config in enumerate(["example", "kvmux-async", "kvmux-sync"]):
+for k, config in enumerate(os.environ.get("CONFIGS", "example,kvmux-async,kvmux-sync").split(",")):
     prompts = [runner.tokens(5000 + 100 * k + i, 4096) for i in range(N)]
     cold = e2e._generates(runner.run(config, [s for p in prompts for s in (e2e._gen([p]), settle)]))
     again = e2e._generates(runner.run(config, [s for p in prompts for s in (settle, e2e._gen([p]))], fresh=False))
@@ -30,4 +31,4 @@ for k, config in enumerate(["example", "kvmux-async", "kvmux-sync"]):
     out[config] = {"restart_s": hits, "cold_s": colds, "cached": cached}
     print(config, "restart", [round(h, 4) for h in hits], "median", round(statistics.median(hits), 4),
           "cold median", round(statistics.median(colds), 3), "cached", cached, flush=True)
-Path("/tmp/s34/rs/out.json").write_text(json.dumps(out, indent=1))
+Path(os.environ.get("OUT", "/tmp/s34/rs/out.json")).write_text(json.dumps(out, indent=1))

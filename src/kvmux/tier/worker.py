@@ -183,7 +183,7 @@ class TierWorker(WorkerBase):
 
     def _fetch_all(
         self, skeys: list[bytes], buffers: list[bytearray], parallel: bool = True
-    ) -> list[bytes | memoryview | None]:
+    ) -> Sequence[bytes | memoryview | None]:
         """Every entry, after any queued save of it; a failed read is a miss.
 
         A store whose reads block on I/O is read key by key into ``buffers`` (one per key),
@@ -196,10 +196,7 @@ class TierWorker(WorkerBase):
         if self._store.parallel_reads:
             fetch = self._readers.map if parallel else map
             return list(fetch(self._fetch, skeys, buffers))
-        entries: list[bytes | None] = self._guarded(
-            "get", self._store.get_many, skeys, [None] * len(skeys)
-        )
-        return list(entries)
+        return self._guarded("get", self._store.get_many, skeys, [None] * len(skeys))
 
     def _fetch(self, skey: bytes, buffer: bytearray) -> bytes | memoryview | None:
         return self._guarded("get", partial(self._store.get_into, buffer=buffer), skey, None)

@@ -68,7 +68,7 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 
 
 def _summary(samples: Samples, entry_bytes: int) -> dict[str, float]:
-    seconds = sum(s for s, _ in samples)
+    seconds = _total(samples)
     count = sum(n for _, n in samples)
     per_entry = sorted(1e3 * s / n for s, n in samples)
     return {
