@@ -6,8 +6,8 @@ Scheme (version ``kvmux-keys-v2``, hash BLAKE3, 16-byte digests):
   everything that changes the bytes of a block: model and checkpoint identity,
   quantization, dtypes, KV shape and layout, block size, parallel sizes, platform.
 * ``root = blake3("kvmux-keys-v2" | namespace_id | generation)``, where the generation
-  (``uint64le``, left out while it is 0) is the tier's count of resets: after a reset no
-  key of an earlier generation is ever asked for.
+  is the tier's current 16-byte random id (``kvmux.tier.generation``), replaced at each
+  reset: after a reset no key of an earlier generation is ever asked for.
 * ``key[i] = blake3(key[i-1] | uint32le(tokens of block i) | extra_keys(block i))`` with
   ``key[-1] = root``. The extra keys are exactly what vLLM folds into its own block
   hashes (LoRA name and path, multimodal item hashes and offsets, ``cache_salt``,
@@ -88,9 +88,12 @@ def _encode(value: Any, parts: list[bytes]) -> None:
         raise UnkeyableInput(f"cannot key an extra key of type {type(value).__name__}")
 
 
-def generation_namespace(namespace: bytes, generation: int) -> bytes:
-    """The namespace bytes that keys of a tier's ``generation`` are rooted in."""
-    return namespace if generation == 0 else namespace + struct.pack("<Q", generation)
+def generation_namespace(namespace: bytes, generation: bytes) -> bytes:
+    """The namespace bytes that keys of a tier's ``generation`` (its 16-byte id) are rooted in."""
+    if len(generation) != DIGEST_SIZE:
+        raise ValueError(f"a generation is {DIGEST_SIZE} bytes, not {len(generation)}")
+    # the all-zero id, which no reset draws, is a view's without generations of its own
+    return namespace if generation == bytes(DIGEST_SIZE) else namespace + generation
 
 
 def block_keys(

@@ -52,11 +52,11 @@ from kvmux.stores.base import KVStore, StoredEntry, ValueParts
 __all__ = ["FAULTS", "GROUPS", "FaultSpec", "FaultyStore", "read_record", "write_control"]
 
 T = TypeVar("T")
-GROUPS = {  # store methods by group; used_bytes and close are never faulted
-    "lookup": ("contains", "contains_many", "count_prefix", "generation", "walk"),
+GROUPS = {  # store methods by group; used_bytes, limit_values and close are never faulted
+    "lookup": ("contains", "contains_many", "count_prefix", "read_generation", "walk"),
     "get": ("get", "get_into", "get_many", "head", "head_many"),
     "put": ("put", "put_many", "put_many_parts"),
-    "delete": ("delete", "delete_many", "clear", "advance_generation"),
+    "delete": ("delete", "delete_many", "clear", "write_generation"),
 }
 _ON = {
     "reads": frozenset({"lookup", "get"}),
@@ -302,13 +302,17 @@ class FaultyStore(KVStore):
         """``inner.clear``, unless a write fault hits."""
         self._call("delete", "clear", 0, self.inner.clear)
 
-    def generation(self) -> int:
-        """``inner.generation``, unless a lookup fault hits."""
-        return self._call("lookup", "generation", 0, self.inner.generation)
+    def read_generation(self) -> bytes | None:
+        """``inner.read_generation``, unless a lookup fault hits."""
+        return self._call("lookup", "read_generation", 0, self.inner.read_generation)
 
-    def advance_generation(self) -> int:
-        """``inner.advance_generation``, unless a write fault hits."""
-        return self._call("delete", "advance_generation", 0, self.inner.advance_generation)
+    def write_generation(self, record: bytes) -> None:
+        """``inner.write_generation``, unless a write fault hits."""
+        self._call("delete", "write_generation", 0, lambda: self.inner.write_generation(record))
+
+    def limit_values(self, nbytes: int) -> None:
+        """``inner.limit_values`` (never faulted)."""
+        self.inner.limit_values(nbytes)
 
     def used_bytes(self) -> int:
         """``inner.used_bytes`` (never faulted)."""

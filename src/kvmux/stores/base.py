@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from kvmux.errors import StoreError
 
-__all__ = ["KVStore", "StoredEntry", "ValueParts", "value_nbytes"]
+__all__ = ["GENERATION_RECORD_MAX", "KVStore", "StoredEntry", "ValueParts", "value_nbytes"]
 
+GENERATION_RECORD_MAX = 256  # bytes of the longest generation record a store returns
 ValueParts = Sequence[memoryview | bytes]  # a value given as the pieces it concatenates
 
 
@@ -37,6 +38,7 @@ class KVStore(ABC):
     capacity: int
     batched_io = False  # True when the *_many methods cost one round trip, not one per key
     parallel_reads = False  # True when reads block on I/O, so several threads help
+    value_limit: int | None = None  # larger values are misses, never read whole (limit_values)
 
     @abstractmethod
     def put(self, key: bytes, value: bytes) -> bool:
@@ -120,19 +122,26 @@ class KVStore(ABC):
     def clear(self) -> None:
         """Remove every entry."""
 
-    def generation(self) -> int:
-        """The store's generation: a reset moves every engine using it to a new one.
+    def read_generation(self) -> bytes | None:
+        """The tier's generation record as stored (see ``kvmux.tier.generation``), or None.
 
-        Keys are bound to the generation, so nothing stored before a reset is served after
-        it. This default lives in the process (right for a store no other engine sees);
-        shared stores keep it where their entries are.
+        At most ``GENERATION_RECORD_MAX + 1`` bytes are read: anything longer is no
+        record, and the caller refuses it. This default lives in the process (right for a
+        store no other engine sees); shared stores keep it where their entries are.
         """
-        return getattr(self, "_generation", 0)
+        return getattr(self, "_generation_record", None)
 
-    def advance_generation(self) -> int:
-        """Start a new generation; returns it."""
-        self._generation: int = self.generation() + 1
-        return self._generation
+    def write_generation(self, record: bytes) -> None:
+        """Replace the generation record: every engine using the store follows it."""
+        self._generation_record: bytes | None = bytes(record)
+
+    def limit_values(self, nbytes: int) -> None:
+        """Treat any value larger than ``nbytes`` as absent, and never read one whole.
+
+        The worker sets it to the largest entry it could write (plus a small header), so
+        that whoever writes the store cannot make a read take more memory than that.
+        """
+        self.value_limit = max(0, int(nbytes))
 
     def close(self) -> None:
         """Release resources; the store is unusable afterwards."""

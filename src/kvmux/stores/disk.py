@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from kvmux.errors import StoreError, StoreUnavailable
 from kvmux.stores._files import remove_file
-from kvmux.stores.base import KVStore, StoredEntry, ValueParts, value_nbytes
+from kvmux.stores.base import GENERATION_RECORD_MAX, KVStore, StoredEntry, ValueParts, value_nbytes
 from kvmux.stores.direct_io import DIRECT_MIN_BYTES, O_DIRECT, DirectRefused, DirectWriter
 from kvmux.stores.spare_pool import SparePool
 
@@ -174,38 +174,34 @@ class DiskStore(KVStore):
                 f"disk store {self.name!r}: cannot create or write {self.root}: {exc}"
             ) from exc
 
-    def generation(self) -> int:
-        """The generation recorded in the directory (0 until the first reset)."""
+    def read_generation(self) -> bytes | None:
+        """The file ``generation`` (at most ``GENERATION_RECORD_MAX + 1`` bytes), or None."""
         try:
             fd = os.open(self.root / _GENERATION, _READ_FLAGS)
         except _ABSENT:
-            return 0
+            return None
         except OSError as exc:
             raise self._error("generation", exc) from exc
         try:
-            text = _read_at_most(fd, 32)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise self._error("generation", f"{self.root / _GENERATION} is not a file")
+            return _read_head(fd, GENERATION_RECORD_MAX + 1)
         except OSError as exc:
             raise self._error("generation", exc) from exc
         finally:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if text is None or not text.strip().isdigit():
-            raise self._error("generation", f"{self.root / _GENERATION} is not a generation")
-        return int(text)
 
-    def advance_generation(self) -> int:
-        """Write the next generation atomically; every engine on the directory follows it."""
+    def write_generation(self, record: bytes) -> None:
+        """Replace the file ``generation`` atomically; every engine on the directory follows."""
         with self._lock:
-            new = self.generation() + 1
-            text = str(new).encode()
-            tmp_name = self._write_temp(self.root / _GENERATION, (text,), len(text))
+            tmp_name = self._write_temp(self.root / _GENERATION, (record,), len(record))
             try:
                 os.replace(tmp_name, self.root / _GENERATION)
             except OSError as exc:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp_name)
                 raise self._error("generation", exc) from exc
-        return new
 
     def _path(self, key: bytes) -> Path:
         name = key.hex()

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from kvmux.config import RedisSpec
 from kvmux.errors import ConfigError, StoreError, StoreUnavailable
 from kvmux.policies.breaker import CircuitBreaker
-from kvmux.stores.base import KVStore, StoredEntry, ValueParts
+from kvmux.stores.base import GENERATION_RECORD_MAX, KVStore, StoredEntry, ValueParts
 from kvmux.stores.join_buffer import JoinBuffer
 from kvmux.stores.redis_walk import (
     WALK_BATCH,
@@ -409,18 +409,20 @@ class RedisStore(KVStore):
             parts = [self._value(next(replies)) for _ in wanted[i]]
             heads[i] = None if None in parts else b"".join(p for p in parts if p is not None)
 
-    def generation(self) -> int:
-        """The generation under ``<key_prefix>generation`` (0 until the first reset)."""
-        value = self._call("generation", lambda client: client.get(self._generation_key))
-        if value is None:
-            return 0
-        if not isinstance(value, bytes) or not value.isdigit() or len(value) > 20:
-            raise StoreError(f"redis store {self.name!r}: the generation key holds no number")
-        return int(value)
+    def read_generation(self) -> bytes | None:
+        """The record under ``<key_prefix>generation`` (its first ``GENERATION_RECORD_MAX +
+        1`` bytes), or None if absent or empty. A key of another type is a StoreError."""
+        value = self._call(
+            "generation",
+            lambda client: client.getrange(self._generation_key, 0, GENERATION_RECORD_MAX),
+        )
+        if not isinstance(value, bytes):
+            raise StoreError(f"redis store {self.name!r}: the generation key holds no bytes")
+        return value or None
 
-    def advance_generation(self) -> int:
-        """INCR the generation: every engine using this prefix follows it."""
-        return int(self._call("generation", lambda client: client.incr(self._generation_key)))
+    def write_generation(self, record: bytes) -> None:
+        """SET the record: every engine using this prefix follows it."""
+        self._call("generation", lambda client: client.set(self._generation_key, record))
 
     @property
     def _generation_key(self) -> str:

@@ -9,16 +9,20 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import TypeVar
 
+from kvmux.codec import SigningKeys
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
+from kvmux.tier.generation import GenerationTracker, new_generation
 
 __all__ = ["MirrorIndex", "RecentSaves", "RemoteStoreView", "SharedStoreView", "TierView"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FIRST_GENERATION = bytes(16)  # the generation of a view that has none of its own
 
 
 class TierView(ABC):
@@ -50,9 +54,9 @@ class TierView(ABC):
         """Drop keys the worker reported missing."""
         return None
 
-    def generation(self) -> int | None:
+    def generation(self) -> bytes | None:
         """The tier's generation, which new requests' keys are bound to; None: unknown now."""
-        return 0
+        return FIRST_GENERATION
 
     def reset(self) -> bool:
         """Move the tier to a new generation: nothing stored before is served after."""
@@ -162,10 +166,10 @@ class SharedStoreView(TierView):
     Blocks whose saves this engine planned moments ago count as held (``RecentSaves``).
     """
 
-    def __init__(self, store: KVStore, stats: TierStats):
+    def __init__(self, store: KVStore, stats: TierStats, signing: SigningKeys | None = None):
         self._store = store
         self._stats = stats
-        self._generation: int | None = None  # the last generation read from the store
+        self._generations = GenerationTracker(signing)  # where this engine is, what it left
         self._failing: set[str] = set()  # kinds of call failing now (logged once)
         self._recent = RecentSaves()
         self._lost = LostKeys()
@@ -204,24 +208,41 @@ class SharedStoreView(TierView):
         """Ask the store; a failing store holds nothing."""
         return self.count_prefix([key]) == 1
 
-    def generation(self) -> int | None:
+    def generation(self) -> bytes | None:
         """Read from the store each time, so a reset by any engine applies at once.
 
-        A failed read keeps the last generation read (the failure is counted); None
-        only while no read ever succeeded.
+        A failed read keeps the current generation (the failure is counted); None only
+        while no read ever succeeded. See ``GenerationTracker.observe`` for what a record
+        read is worth.
         """
-        self._generation = self._guarded("generation", self._store.generation, self._generation)
-        return self._generation
+        return self._read_generation(self._generations.resets)
+
+    def _read_generation(self, resets_seen: int) -> bytes | None:
+        """Read the store's record and follow it, unless a reset came after ``resets_seen``."""
+        missing = object()
+        raw = self._guarded("generation", self._store.read_generation, missing)
+        if raw is missing:
+            return self._generations.current
+        current, write_back = self._generations.observe(raw, resets_seen)
+        if write_back is not None:
+            if raw is not None:
+                log.warning(
+                    "kvmux tier %s: the generation record is not valid or names a generation "
+                    "left; moving on, never back",
+                    self._store.name,
+                )
+            self._guarded("generation", partial(self._store.write_generation, write_back), None)
+        return current
 
     def reset(self) -> bool:
-        """Advance the store's generation; False if the store could not be reached."""
-        new = self._guarded("reset", self._store.advance_generation, None)
-        if new is None:
-            return False
-        self._generation = new
+        """Move to a new generation at once; False if the store could not record it (this
+        engine then serves nothing stored before, but other engines do not follow)."""
+        record = self._generations.reset()
         self._recent.clear()
         self._lost.clear()
-        return True
+        failed = object()
+        written = self._guarded("reset", partial(self._store.write_generation, record), failed)
+        return written is not failed
 
     def _guarded(self, what: str, call: Callable[[], T], default: T) -> T:
         """``call()``; any failure of the store (a StoreError, or a bug) gives ``default``.
@@ -262,16 +283,22 @@ class RemoteStoreView(SharedStoreView):
 
     GENERATION_REFRESH_SECONDS = 1.0  # how often the server's generation is read again
 
-    def __init__(self, store: KVStore, stats: TierStats, wait_seconds: float):
-        super().__init__(store, stats)
+    def __init__(
+        self,
+        store: KVStore,
+        stats: TierStats,
+        wait_seconds: float,
+        signing: SigningKeys | None = None,
+    ):
+        super().__init__(store, stats, signing)
         self._wait = wait_seconds
         self._pool = ThreadPoolExecutor(2, thread_name_prefix=f"kvmux-{store.name}-lookup")
-        self._in_flight: dict[tuple[bytes, int], Future[int]] = {}
-        self._refresh: Future[int | None] | None = None
+        self._in_flight: dict[tuple[bytes, int], Future[int]] = {}  # by (last key, length)
+        self._refresh: Future[bytes | None] | None = None
         self._refreshed_at = time.monotonic()
         super().generation()  # once at start, bounded by the socket timeouts
 
-    def generation(self) -> int | None:
+    def generation(self) -> bytes | None:
         """The last generation read, re-read off the scheduler thread once a second.
 
         None while no read ever succeeded: requests are then neither loaded nor saved.
@@ -280,14 +307,15 @@ class RemoteStoreView(SharedStoreView):
         idle = self._refresh is None or self._refresh.done()
         if idle and now - self._refreshed_at >= self.GENERATION_REFRESH_SECONDS:
             self._refreshed_at = now
-            self._refresh = self._pool.submit(super().generation)
-        return self._generation
+            # a read that lands after a reset changes nothing (GenerationTracker.observe)
+            self._refresh = self._pool.submit(self._read_generation, self._generations.resets)
+        return self._generations.current
 
     def count_prefix_nowait(self, keys: Sequence[BlockKey]) -> int | None:
         """Start or collect a batched lookup; None while it is in flight."""
         if not keys:
             return 0
-        token = (keys[0], len(keys))
+        token = (keys[-1], len(keys))  # the last key is chained over every block before it
         future = self._in_flight.get(token)
         if future is None:
             if len(self._in_flight) >= self._MAX_IN_FLIGHT:
@@ -323,7 +351,7 @@ class MirrorIndex(TierView):
         self.capacity = capacity
         self.entry_size = entry_size
         self._keys: OrderedDict[BlockKey, None] = OrderedDict()
-        self._generation = 0  # the memory tier lives and dies with this engine
+        self._generation = FIRST_GENERATION  # the memory tier lives and dies with this engine
         self._dropped: list[BlockKey] = []  # keys a reset dropped, evicted with the next plan
 
     @property
@@ -363,13 +391,13 @@ class MirrorIndex(TierView):
         for key in keys:
             self._keys.pop(key, None)
 
-    def generation(self) -> int | None:
-        """This engine's count of resets."""
+    def generation(self) -> bytes | None:
+        """This engine's current generation (a new random id at each reset)."""
         return self._generation
 
     def reset(self) -> bool:
         """A new generation; the workers evict every entry of the old one with the next plan."""
-        self._generation += 1
+        self._generation = new_generation()
         self._dropped.extend(self._keys)
         self._keys.clear()
         return True

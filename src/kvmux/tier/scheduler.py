@@ -330,7 +330,14 @@ class TierScheduler:
             known.extend(group_key(key, group) for key in keys[len(known) :])
 
     def reset(self) -> bool:
-        """A new generation of the tier: nothing stored before is served to later requests."""
+        """A new generation of the tier: nothing stored before is served after it.
+
+        Every request's keys are dropped with it: one looked up again (preempted by the
+        reset, or asked again after waiting) is keyed afresh in the new generation, and
+        one that runs on is neither loaded nor saved any more (its KV may predate the
+        weights the reset follows).
+        """
+        self._requests.clear()
         return self._view.reset()
 
     def forget(self, keys: Iterable[BlockKey]) -> None:

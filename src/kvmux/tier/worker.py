@@ -114,7 +114,10 @@ class TierWorker(WorkerBase):
         """Adopt the engine's KV cache tensors (see ``WorkerBase.register``)."""
         self._movers = group_movers(kv_caches, num_blocks, groups)
         self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
-        self._read_buffers = ReadBuffers(max(self._group_bytes, default=0) + ENTRY_SLACK)
+        largest_entry = max(self._group_bytes, default=0) + ENTRY_SLACK
+        self._read_buffers = ReadBuffers(largest_entry)
+        if self._movers:  # whoever writes the store cannot make one read take more
+            self._store.limit_values(largest_entry)
         # as many slots as blocks of the smallest group fit in the save queue (a slot holds
         # a block of any group; vLLM's groups are of one size, the queue's bytes then)
         slots = self._save_queue // max(1, min(self._group_bytes, default=1))

@@ -203,8 +203,10 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         if isinstance(spec, MemorySpec):  # only the workers can see it: mirror it
             return MirrorIndex(spec.capacity, slab_slot_bytes(kv_cache_config))
         if isinstance(spec, RedisSpec):
-            return RemoteStoreView(self.open_store(spec), self.stats, spec.lookup_wait)
-        return SharedStoreView(self.open_store(spec), self.stats)
+            return RemoteStoreView(
+                self.open_store(spec), self.stats, spec.lookup_wait, spec.signing
+            )
+        return SharedStoreView(self.open_store(spec), self.stats, spec.signing)
 
     def open_slab_worker(self, spec: MemorySpec, slots: int) -> SlabWorker:
         """The memory tier's worker half (a subclass may wrap it, e.g. in tests)."""

@@ -15,6 +15,7 @@ import redis
 from kvmux.cli import main
 from kvmux.config import RedisSpec
 from kvmux.stores.redis import RedisStore
+from kvmux.tier.generation import encode_record, new_generation
 from tests.support.redis_server import RedisServer
 from tests.support.tier_entries import signing_keys, write_model
 
@@ -106,7 +107,7 @@ def _plant_garbage(store: RedisStore) -> dict[str, str]:
     client.set(_name(store, bad_manifest), b"\x00kvmux-parts-v1\x00" + b"\xff" * 28)
     client.set(_name(store, short), b"KVMX")
     client.set(f"{store.spec.key_prefix}foreign", b"not under an entry name")
-    store.advance_generation()
+    store.write_generation(encode_record(new_generation(), None))
     expected = {keys[0]: "corrupt", keys[1]: "unreadable", wrong_type: "unreadable"}
     expected |= {bad_manifest: "unreadable", short: "corrupt"}
     return {key.hex(): status for key, status in expected.items()}
@@ -134,7 +135,7 @@ def test_verify_reports_garbage_and_delete_removes_it_with_its_parts(tier, capsy
 def test_purge_all_and_by_namespace(tier, capsys) -> None:
     spec, store = tier
     llama, qwen = write_model(store, "llama", 3), write_model(store, "qwen", 2)
-    store.advance_generation()
+    store.write_generation(encode_record(new_generation(), None))
     code, out, _ = _run(capsys, "purge", spec, "--namespace", llama.namespace.hex()[:12])
     assert code == 0 and "removed 3 entries" in out
     assert all(not _parts(store, k) for k in llama.keys)

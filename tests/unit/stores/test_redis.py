@@ -13,7 +13,7 @@ from kvmux.config import RedisSpec, parse_store_spec
 from kvmux.errors import ConfigError, StoreError, StoreUnavailable
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
-from kvmux.stores.base import KVStore
+from kvmux.stores.base import GENERATION_RECORD_MAX, KVStore
 from kvmux.stores.memory import MemoryStore
 from kvmux.stores.redis import RedisStore
 from kvmux.tier.index import RemoteStoreView
@@ -213,7 +213,7 @@ def test_slow_lookup_answers_none_until_it_lands() -> None:
     assert view.count_prefix_nowait(keys) is None  # in flight: vLLM asks again next step
     assert view.count_prefix_nowait(keys) is None
     store.release.set()  # type: ignore[attr-defined]
-    view._in_flight[(keys[0], 2)].result()
+    view._in_flight[(keys[-1], 2)].result()
     assert view.count_prefix_nowait(keys) == 1
     view.close()
 
@@ -223,12 +223,15 @@ def test_the_generation_is_shared_by_every_engine_on_the_prefix(redis_server) ->
     other = RedisStore(RedisSpec(url=redis_server.url, key_prefix="kvmux-gen-a:"))
     elsewhere = RedisStore(RedisSpec(url=redis_server.url, key_prefix="kvmux-gen-b:"))
     try:
-        assert one.advance_generation() == 1
-        assert other.generation() == 1
-        assert elsewhere.generation() == 0
-        one._connect().set("kvmux-gen-a:generation", b"garbage")
+        one.write_generation(b"record")
+        assert other.read_generation() == b"record"
+        assert elsewhere.read_generation() is None
+        one._connect().set("kvmux-gen-a:generation", b"9" * 10_000)
+        assert other.read_generation() == b"9" * (GENERATION_RECORD_MAX + 1)  # bounded
+        one._connect().delete("kvmux-gen-a:generation")
+        one._connect().rpush("kvmux-gen-a:generation", b"a list")
         with pytest.raises(StoreError):
-            other.generation()
+            other.read_generation()
     finally:
         for store in (one, other, elsewhere):
             store.close()

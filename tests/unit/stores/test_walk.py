@@ -15,6 +15,7 @@ from kvmux.errors import ConfigError
 from kvmux.stores import DiskStore, KVStore, MemoryStore
 from kvmux.stores.redis import RedisStore
 from kvmux.stores.redis_walk import entry_key, entry_pattern, no_touch_hook
+from kvmux.tier.generation import encode_record, new_generation
 
 MakeStore = Callable[..., KVStore]
 
@@ -78,7 +79,7 @@ def test_walk_finds_every_entry_once_with_its_size(make_store) -> None:
 def test_walk_skips_what_no_key_names(make_store) -> None:
     store = make_store()
     store.put(_key(1), b"entry")
-    store.advance_generation()
+    store.write_generation(encode_record(new_generation(), None))
     if isinstance(store, RedisStore):
         client = store._connect()
         client.set(f"{store.spec.key_prefix}other", b"x")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
+from kvmux.codec import SigningKeys
 from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores import MemoryStore
+from kvmux.tier.generation import decode_record, encode_record
 from kvmux.tier.index import (
     LostKeys,
     MirrorIndex,
@@ -15,6 +18,8 @@ from kvmux.tier.index import (
     RemoteStoreView,
     SharedStoreView,
 )
+
+FOUR = bytes([4]) * 16
 
 
 def _k(i: int) -> bytes:
@@ -213,9 +218,10 @@ def test_a_reset_by_one_engine_applies_to_every_engine_on_a_shared_tier(tmp_path
 
     one = SharedStoreView(DiskStore(tmp_path / "kv", 1 << 20), TierStats())
     other = SharedStoreView(DiskStore(tmp_path / "kv", 1 << 20), TierStats())
-    assert one.generation() == other.generation() == 0
+    first = one.generation()
+    assert first is not None and other.generation() == first  # the second follows the first
     assert one.reset()
-    assert other.generation() == 1
+    assert one.generation() == other.generation() != first
 
 
 class FlakyGenerations(MemoryStore):
@@ -223,26 +229,85 @@ class FlakyGenerations(MemoryStore):
 
     down = False
 
-    def generation(self) -> int:
+    def read_generation(self) -> bytes | None:
         if self.down:
             raise StoreError("server down")
-        return 4
+        return super().read_generation()
 
 
 def test_a_remote_view_reads_the_generation_at_start_and_keeps_it_through_failures() -> None:
     store = FlakyGenerations(1 << 20)
+    store.write_generation(encode_record(FOUR, None))
     view = RemoteStoreView(store, TierStats(), wait_seconds=0.01)
     try:
-        assert view.generation() == 4  # known from the first request on
+        assert view.generation() == FOUR  # known from the first request on
         stats = TierStats()
         store.down = True
         shared = SharedStoreView(store, stats)
         assert shared.generation() is None  # never read: unknown
         store.down = False
-        assert shared.generation() == 4
+        assert shared.generation() == FOUR
         store.down = True
-        assert shared.generation() == 4  # a failed read keeps the last one, counted
+        assert shared.generation() == FOUR  # a failed read keeps the last one, counted
         assert stats.store_errors == 2
+    finally:
+        view.close()
+
+
+def test_a_generation_record_nobody_signed_is_replaced_never_followed() -> None:
+    store, signing = MemoryStore(1 << 20), SigningKeys("k1", {"k1": b"s" * 32})
+    view = SharedStoreView(store, TierStats(), signing)
+    mine = view.generation()
+    assert mine is not None and decode_record(store.read_generation(), signing) == mine
+    for hostile in (b"0", str(2**64).encode(), b"9" * 20, b"1" * 32, encode_record(FOUR, None)):
+        store.write_generation(hostile)
+        moved = view.generation()
+        assert moved not in (None, mine, FOUR)  # a new generation: misses, never old entries
+        assert decode_record(store.read_generation(), signing) == moved  # written back
+        mine = moved
+
+
+def test_an_engine_never_returns_to_a_generation_it_left() -> None:
+    store = MemoryStore(1 << 20)
+    view = SharedStoreView(store, TierStats())
+    old = view.generation()
+    before = store.read_generation()
+    assert view.reset()
+    now = view.generation()
+    assert before is not None
+    store.write_generation(before)  # the old record put back (a replay, or a slow engine)
+    assert view.generation() == now != old
+    assert decode_record(store.read_generation(), None) == now  # the current one restored
+
+
+class SlowGenerations(MemoryStore):
+    """A store whose generation reads wait for ``gate`` once it is set up."""
+
+    gate: threading.Event | None = None
+
+    def read_generation(self) -> bytes | None:
+        value = super().read_generation()
+        if self.gate is not None:
+            self.gate.wait(5)
+        return value
+
+
+def test_a_generation_read_that_began_before_a_reset_changes_nothing() -> None:
+    store = SlowGenerations(1 << 20)
+    view = RemoteStoreView(store, TierStats(), wait_seconds=0.01)
+    try:
+        old = view.generation()
+        store.gate = threading.Event()
+        view._refreshed_at = 0.0  # due now
+        view.generation()  # starts a background read of the old record
+        assert view.reset()
+        reset_to = view.generation()
+        assert reset_to != old
+        store.gate.set()  # the old read lands after the reset
+        assert view._refresh is not None
+        view._refresh.result(5)
+        assert view.generation() == reset_to
+        assert decode_record(store.read_generation(), None) == reset_to
     finally:
         view.close()
 

@@ -490,7 +490,7 @@ def test_after_a_reset_nothing_stored_before_is_offered() -> None:
 class UnknownGeneration(ForgetfulView):
     """A shared tier whose generation cannot be read right now."""
 
-    def generation(self) -> int | None:
+    def generation(self) -> bytes | None:
         return None
 
 

@@ -18,6 +18,7 @@ from kvmux.cli import main
 from kvmux.config import DiskSpec, RedisSpec
 from kvmux.errors import ConfigError
 from kvmux.stores import DiskStore, MemoryStore
+from kvmux.tier.generation import encode_record, new_generation
 from kvmux.tools.ops import (
     Progress,
     Scan,
@@ -274,12 +275,13 @@ def test_signing_keys_in_the_store_spec(tier, tmp_path, capsys, monkeypatch) -> 
 def test_purge_all(tier, capsys) -> None:
     write_model(tier, "llama", 3)
     write_model(tier, "qwen", 2)
-    tier.advance_generation()
+    record = encode_record(new_generation(), None)
+    tier.write_generation(record)
     code, out, _ = _run(capsys, "purge", "--disk", str(tier.root), "--all", "--json")
     document = _doc(out)
     assert code == 0 and document["removed"] == 5 and document["entries"] == 5
     assert [n["entries"] for n in document["namespaces"]] == [3, 2]
-    assert _keys_on_disk(tier) == set() and tier.generation() == 1  # the generation stays
+    assert _keys_on_disk(tier) == set() and tier.read_generation() == record  # the generation stays
 
 
 def test_purge_by_namespace(tier, capsys) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvmux.config import parse_capacity
 from kvmux.stores import DiskStore
+from kvmux.tier.generation import encode_record, new_generation
 
 __all__ = ["DISK_CAPACITY", "fill_disk", "forget_disk"]
 
@@ -38,7 +39,9 @@ def fill_disk(path: Path, entry_bytes: int, capacity: str = DISK_CAPACITY) -> in
     return count
 
 
-def forget_disk(path: Path, capacity: str = DISK_CAPACITY) -> int:
+def forget_disk(path: Path, capacity: str = DISK_CAPACITY) -> bytes:
     """Move the disk tier at ``path`` to a new generation: its entries are never served
-    again, and evicted first; the new generation."""
-    return _store(path, capacity).advance_generation()
+    again, and evicted first; the new generation's id."""
+    generation = new_generation()
+    _store(path, capacity).write_generation(encode_record(generation, None))
+    return generation

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvmux.stores import DiskStore
+from kvmux.tier.generation import decode_record
 from kvmux.tools.bench.disk_fill import fill_disk, forget_disk
 
 ENTRY = 100 * 2**10
@@ -19,7 +20,8 @@ def test_fill_reaches_the_capacity_once(tmp_path: Path) -> None:
 
 def test_forgetting_keeps_the_files_under_a_new_generation(tmp_path: Path) -> None:
     fill_disk(tmp_path / "disk", ENTRY, "1MiB")
-    assert forget_disk(tmp_path / "disk", "1MiB") == 1
-    assert forget_disk(tmp_path / "disk", "1MiB") == 2
+    first = forget_disk(tmp_path / "disk", "1MiB")
+    second = forget_disk(tmp_path / "disk", "1MiB")
     store = DiskStore(tmp_path / "disk", 2**20)
-    assert store.generation() == 2 and store.used_bytes() == 10 * ENTRY
+    assert first != second and decode_record(store.read_generation(), None) == second
+    assert store.used_bytes() == 10 * ENTRY
