@@ -4,6 +4,11 @@ Each hook runs on its children in a plain loop over this step's live children: a
 that raises is caught, counted and cut off (``ChildGuard.fail``), and a child whose
 breaker is not closed goes through ``ChildGuard.invoke``, which skips it or makes the
 half-open trial.
+
+A child whose results call raises keeps what it owes (``_hold``): a thread of it may still
+write a load's blocks or read a save's, which vLLM frees or reuses once told they are done.
+Each stays owed until the child reports it, or ``give_up_seconds`` after the failed call;
+loads are then finished as failed receives (recomputed), each request once.
 """
 
 from __future__ import annotations
@@ -64,9 +69,10 @@ class MuxWorker:
         self.per_request_failures = per_request_failures
         pairs = zip(children, guards, strict=True)
         self._all: Sequence[Child] = [(i, c, g) for i, (c, g) in enumerate(pairs)]
-        self._give_up_seconds = give_up_seconds  # how long a failing child's sends are held
+        # how long what a child owed when its results call raised waits for its report
+        self._give_up_seconds = give_up_seconds
         self._clock = clock
-        self._silent_since: dict[int, float] = {}  # child -> when its reports started failing
+        self._holding = False  # some child's loads or saves are held (``_hold``)
         self.recving = FinishTracker()
         self.sending = FinishTracker()
         self._step = EMPTY_STEP  # read, never changed: a step with nothing in it is shared
@@ -322,13 +328,10 @@ class MuxWorker:
                 result = child.get_transfer_results(finished_req_ids)
                 failed_recving, finished_recving = result.failed_recving, result.finished_recving
                 finished_sending = result.finished_sending
-            except Exception as exc:  # its loads are failed (recomputed)
+            except Exception as exc:  # what it owes waits: its threads may still use it
                 guard.fail("get_transfer_results", exc)
-                recving |= self.recving.abandon_child(i)
-                sending |= self._sends_given_up(i)
+                self._hold(i)
                 continue
-            if self._silent_since:
-                self._silent_since.pop(i, None)
             if failed_recving:
                 failed = set(failed_recving)
                 recving |= self.recving.report(i, failed, failed=True)
@@ -337,30 +340,48 @@ class MuxWorker:
                 recving |= self.recving.report(i, finished_recving)
             if finished_sending:
                 sending |= self.sending.report(i, finished_sending)
+        if self._holding:
+            self._give_up(sending, recving)
         if sending:
             self.sending.take_failed(sending)  # a failed save is only a future miss
         if recving:
             failed_into |= self.recving.take_failed(recving)
 
-    def _sends_given_up(self, i: int) -> set[str]:
-        """Sends of a child that cannot report: held until it has failed for a while.
+    def _hold(self, i: int) -> None:
+        """Child ``i``'s results call raised: hold what it owes, its loads failed.
 
-        Releasing them at once could let the engine reuse blocks the child still reads;
-        holding them for ever would leak those blocks if the child never comes back.
+        Its report of this call is lost, and a thread of the child may still write the
+        blocks of a load (or read those of a save): finished, they would go to vLLM, to be
+        read, freed or handed to another request. So each stays owed until the child
+        reports it (its loads recomputed all the same: the lost report may have held
+        their failure), or until ``give_up_seconds`` after the first failure it was held
+        in (``_give_up``), so that a child that stays broken does not keep them for ever.
         """
+        until = self._clock() + self._give_up_seconds
+        self.recving.hold(i, until, failed=True)
+        self.sending.hold(i, until)
+        self._holding = self.recving.holding or self.sending.holding
+
+    def _give_up(self, sending: set[str], recving: set[str]) -> None:
+        """Held loads and saves past their bound count as finished by their child (loads
+        failed: vLLM recomputes them, without reading their blocks)."""
         now = self._clock()
-        since = self._silent_since.setdefault(i, now)
-        if now - since < self._give_up_seconds:
-            return set()
-        given_up = self.sending.abandon_child(i)
-        if given_up:
-            log.error(
-                "kvmux mux: child %s reported no transfers for %.0f s; releasing %d requests",
-                self.guards[i].label,
-                now - since,
-                len(given_up),
-            )
-        return given_up
+        for tracker, into, kind in (
+            (self.recving, recving, "loads"),
+            (self.sending, sending, "saves"),
+        ):
+            done, released = tracker.release_expired(now)
+            into |= done
+            for i, count in released.items():
+                log.error(
+                    "kvmux mux: child %s did not report %d %s within %.0f s of its failed "
+                    "results call; finishing them without it",
+                    self.guards[i].label,
+                    count,
+                    kind,
+                    self._give_up_seconds,
+                )
+        self._holding = self.recving.holding or self.sending.holding
 
     def _gather_load_errors(self, children: Sequence[Child]) -> set[int]:
         """``children``'s load errors so far, added to the mux's own; returns them all."""

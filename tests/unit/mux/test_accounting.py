@@ -89,21 +89,39 @@ def test_ignored_failed_report_does_not_mark_failed() -> None:
     assert t.take_failed(["r"]) == set()
 
 
-def test_abandon_child() -> None:
+def test_a_held_child_still_owes_until_it_reports() -> None:
     t = FinishTracker()
     t.expect("solo", [1])
     t.expect("pair", [0, 1])
     t.expect("other", [0])
-    assert t.abandon_child(1) == {"solo"}
-    assert t.report(1, ["pair", "solo"]) == set()  # it owes nothing any more
-    assert t.ignored == 2
-    assert t.report(0, ["pair", "other"]) == {"pair", "other"}
+    t.hold(1, until=10.0, failed=True)
+    assert t.holding
+    assert t.release_expired(9.0) == (set(), {})
+    assert t.report(1, ["solo"]) == {"solo"}  # reported itself: the hold ends there
+    assert t.report(0, ["pair", "other"]) == {"other"}
+    assert t.release_expired(10.0) == ({"pair"}, {1: 1})
+    assert not t.holding
+    assert t.report(1, ["pair"]) == set()  # let go: a late report is ignored
     assert t.take_failed({"solo", "pair", "other"}) == {"solo", "pair"}
 
 
-def test_abandon_a_child_that_owes_nothing() -> None:
+def test_a_request_held_again_keeps_its_first_bound() -> None:
+    t = FinishTracker()
+    t.expect("early", [0])
+    t.hold(0, until=10.0)
+    t.expect("late", [0])
+    t.hold(0, until=20.0)
+    assert t.release_expired(10.0) == ({"early"}, {0: 1})
+    assert t.holding
+    assert t.release_expired(20.0) == ({"late"}, {0: 1})
+    assert t.take_failed(["early", "late"]) == {"early", "late"}  # let go: failed
+
+
+def test_holding_a_child_that_owes_nothing_holds_nothing() -> None:
     t = FinishTracker()
     t.expect("r", [0])
-    assert t.abandon_child(3) == set()
-    assert t.ignored == 0
+    t.hold(3, until=1.0, failed=True)
+    assert not t.holding
+    assert t.release_expired(2.0) == (set(), {})
     assert t.report(0, ["r"]) == {"r"}
+    assert t.take_failed(["r"]) == set()
