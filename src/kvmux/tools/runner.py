@@ -113,7 +113,7 @@ def _generate(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
         "seconds": elapsed,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "num_cached_tokens": [int(o.num_cached_tokens or 0) for o in outputs],
-        "stats": _tier_counters(llm),
+        "stats": tier_counters(llm),
     }
     if logprobs is not None:
         result["logprobs"] = [sampled_logprobs(o.outputs[0]) for o in outputs]
@@ -284,7 +284,7 @@ def _merge(snapshots: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def _tier_counters(llm: Any) -> dict[str, dict[str, float]]:
+def tier_counters(llm: Any) -> dict[str, dict[str, float]]:
     """Every kvmux tier's counters by tier name, both halves added up."""
     halves: dict[str, list[dict[str, float]]] = {}
     for side in _sides(llm).values():
@@ -338,46 +338,52 @@ def _corrupt(step: dict[str, Any]) -> dict[str, Any]:
     return {"corrupted": touched}
 
 
+def run_step(
+    llm: Any, step: dict[str, Any], recorder: EventRecorder | None = None
+) -> dict[str, Any]:
+    """Run one step of a job on ``llm``; its result, ``op`` included."""
+    op = step["op"]
+    if op == "generate":
+        result = _generate(llm, step)
+    elif op == "reset_prefix_cache":
+        reset = step.get("reset_connector", False)
+        result = {"ok": bool(llm.reset_prefix_cache(reset_connector=reset))}
+    elif op == "abort_midway":
+        result = _abort_midway(llm, step)
+    elif op == "instrument":
+        result = _instrument(llm)
+    elif op == "hook_times":
+        result = {"seconds": dict(_hook_seconds)}
+        if step.get("reset", False):  # the next hook_times counts from here
+            _hook_seconds.clear()
+    elif op == "touch":
+        result = _touch(step)
+    elif op == "wait_file":
+        result = _wait_file(step)
+    elif op == "sleep":
+        result = _sleep(step)
+    elif op == "cpu_times":
+        result = _cpu_times(step)
+    elif op == "corrupt":
+        result = _corrupt(step)
+    elif op == "stats":
+        result = {"stats": tier_counters(llm)}
+    elif op == "events":
+        result = _taken_events(recorder)
+    else:
+        raise ValueError(f"unknown step op {op!r}")
+    result["op"] = op
+    return result
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Start the engine, run every step, return the results."""
     started = time.perf_counter()
     llm = make_llm(job)
     recorder = _record_events(llm) if job.get("kv_events") else None
     results: list[dict[str, Any]] = [{"op": "start", "seconds": time.perf_counter() - started}]
-    for step in job.get("steps", []):
-        op = step["op"]
-        if op == "generate":
-            result = _generate(llm, step)
-        elif op == "reset_prefix_cache":
-            reset = step.get("reset_connector", False)
-            result = {"ok": bool(llm.reset_prefix_cache(reset_connector=reset))}
-        elif op == "abort_midway":
-            result = _abort_midway(llm, step)
-        elif op == "instrument":
-            result = _instrument(llm)
-        elif op == "hook_times":
-            result = {"seconds": dict(_hook_seconds)}
-            if step.get("reset", False):  # the next hook_times counts from here
-                _hook_seconds.clear()
-        elif op == "touch":
-            result = _touch(step)
-        elif op == "wait_file":
-            result = _wait_file(step)
-        elif op == "sleep":
-            result = _sleep(step)
-        elif op == "cpu_times":
-            result = _cpu_times(step)
-        elif op == "corrupt":
-            result = _corrupt(step)
-        elif op == "stats":
-            result = {"stats": _tier_counters(llm)}
-        elif op == "events":
-            result = _taken_events(recorder)
-        else:
-            raise ValueError(f"unknown step op {op!r}")
-        result["op"] = op
-        results.append(result)
-    return {"steps": results, "stats": _tier_counters(llm), "mux": _mux_counters(llm)}
+    results += [run_step(llm, step, recorder) for step in job.get("steps", [])]
+    return {"steps": results, "stats": tier_counters(llm), "mux": _mux_counters(llm)}
 
 
 def job_main(run_job: Callable[[dict[str, Any]], dict[str, Any]]) -> None:

@@ -1,0 +1,94 @@
+"""Run a scripted engine that moves its weights while requests run and wait; print JSON.
+
+Run by ``run_engine_job(module="tests.support.weight_update_engine")``. The job is
+``kvmux.tools.runner``'s; besides its steps it knows:
+
+    {"op": "perturb", "scale": s}     multiply every weight by ``s`` (a weight update)
+    {"op": "update_midway", "prompts": [[ids...]], "max_tokens": n, "steps_before": k,
+     "scale": s}
+        start every prompt, step the engine ``k`` times (the first requests run, the
+        rest wait), then perturb the weights and
+        ``reset_prefix_cache(reset_running_requests=True, reset_connector=True)`` as an
+        RL loop does, and run everything to the end. Each request's result: its tokens,
+        each token's log-probability, and how many tokens it had before the reset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvmux.tools import runner
+
+__all__ = ["perturb_weights"]
+
+
+def perturb_weights(worker: Any, scale: float) -> int:
+    """On a worker: multiply every parameter of its model by ``scale``; how many."""
+    import torch
+
+    model = worker.model_runner.model
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(scale)
+    return sum(1 for _ in model.parameters())
+
+
+def _perturb(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
+    changed = llm.collective_rpc(perturb_weights, args=(float(step["scale"]),))
+    return {"parameters": changed}
+
+
+def _update_midway(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams, TokensPrompt
+
+    engine = llm.llm_engine
+    params = SamplingParams(
+        temperature=0, max_tokens=step["max_tokens"], detokenize=False, logprobs=0
+    )
+    names = [f"midway-{i}" for i in range(len(step["prompts"]))]
+    for name, prompt in zip(names, step["prompts"], strict=True):
+        engine.add_request(name, TokensPrompt(prompt_token_ids=prompt), params)
+    latest: dict[str, Any] = {}
+    for _ in range(step["steps_before"]):
+        latest.update({out.request_id: out for out in engine.step()})
+    before = {name: _token_count(latest.get(name)) for name in names}
+    changed = _perturb(llm, step)["parameters"]
+    reset = bool(llm.reset_prefix_cache(reset_running_requests=True, reset_connector=True))
+    while engine.has_unfinished_requests():
+        latest.update({out.request_id: out for out in engine.step()})
+    requests = [_finished(latest[name], before[name]) for name in names]
+    return {"reset": reset, "parameters": changed, "requests": requests}
+
+
+def _token_count(output: Any) -> int:
+    return 0 if output is None else len(output.outputs[0].token_ids)
+
+
+def _finished(output: Any, before: int) -> dict[str, Any]:
+    completion = output.outputs[0]
+    return {
+        "tokens": list(completion.token_ids),
+        "logprobs": runner.sampled_logprobs(completion),
+        "tokens_before_reset": before,
+        "num_cached_tokens": int(output.num_cached_tokens or 0),
+        "finished": bool(output.finished),
+    }
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    """Run the job: this module's steps here, every other step by ``kvmux.tools.runner``."""
+    llm = runner.make_llm(job)
+    steps: list[dict[str, Any]] = []
+    for step in job.get("steps", []):
+        if step["op"] == "perturb":
+            result = _perturb(llm, step)
+        elif step["op"] == "update_midway":
+            result = _update_midway(llm, step)
+        else:
+            result = runner.run_step(llm, step)
+        steps.append({**result, "op": step["op"]})
+    return {"steps": steps, "stats": runner.tier_counters(llm)}
+
+
+if __name__ == "__main__":
+    runner.job_main(run)
