@@ -11,10 +11,13 @@ Run by ``run_engine_job(module="tests.support.weight_update_engine")``. The job 
         ``reset_prefix_cache(reset_running_requests=True, reset_connector=True)`` as an
         RL loop does, and run everything to the end. Each request's result: its tokens,
         each token's log-probability, and how many tokens it had before the reset.
+    {"op": "write_file", "path": p, "data": text}   what a writer of the tier may do;
+                                                     ``"data": null`` deletes the file
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kvmux.tools import runner
@@ -75,6 +78,15 @@ def _finished(output: Any, before: int) -> dict[str, Any]:
     }
 
 
+def _write_file(step: dict[str, Any]) -> dict[str, Any]:
+    path = Path(step["path"])
+    if step["data"] is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(step["data"])
+    return {}
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Run the job: this module's steps here, every other step by ``kvmux.tools.runner``."""
     llm = runner.make_llm(job)
@@ -84,6 +96,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = _perturb(llm, step)
         elif step["op"] == "update_midway":
             result = _update_midway(llm, step)
+        elif step["op"] == "write_file":
+            result = _write_file(step)
         else:
             result = runner.run_step(llm, step)
         steps.append({**result, "op": step["op"]})

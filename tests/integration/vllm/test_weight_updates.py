@@ -107,3 +107,30 @@ def _assert_same(tokens: list[int], logprobs: list[float], reference: dict[str, 
     assert tokens == reference["tokens"][0]
     worst = max(abs(a - b) for a, b in zip(logprobs, reference["logprobs"][0], strict=True))
     assert worst < LOGPROB_TOLERANCE, f"log-probabilities moved by {worst:.2e}"
+
+
+HOSTILE_GENERATIONS = ["0", str(2**64), "9" * 20, "1" * 32, None]  # None: deleted
+
+
+def test_a_generation_file_anyone_rewrote_only_causes_misses(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """Whatever a writer of the tier puts in (or takes out of) the generation file, the
+    engine loads nothing stored before it and keeps serving, as does an engine started
+    after it."""
+    folder = tmp_path / "disk"
+    record = folder / "generation"
+    steps: list[dict[str, Any]] = [generate(PROMPT, logprobs=True), generate(PROMPT)]
+    for data in HOSTILE_GENERATIONS:
+        steps += [{"op": "write_file", "path": str(record), "data": data}]
+        steps += [generate(PROMPT), generate(PROMPT, logprobs=True)]
+    run = _run(tiny_model, _disk_alone(tmp_path), steps)
+    cold, warm, *rest = results(run)
+    assert warm["num_cached_tokens"] == [9 * BLOCK]
+    for after_write, again in zip(rest[::2], rest[1::2], strict=True):
+        assert after_write["num_cached_tokens"] == [0]  # a new generation: nothing from before
+        assert again["num_cached_tokens"] == [9 * BLOCK]  # and it serves what it stores since
+        _assert_same(again["tokens"][0], again["logprobs"][0], cold)
+    steps = [{"op": "write_file", "path": str(record), "data": None}, generate(PROMPT)]
+    restarted = _run(tiny_model, _disk_alone(tmp_path), steps)
+    assert results(restarted)[0]["num_cached_tokens"] == [0]
