@@ -84,6 +84,7 @@ class MemorySpec:
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
+    epoch: str = ""  # the operator's label of what was stored: a new one serves nothing older
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -98,6 +99,7 @@ class DiskSpec:
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
+    epoch: str = ""  # the operator's label of what was stored: a new one serves nothing older
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -123,6 +125,7 @@ class RedisSpec:
     save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
+    epoch: str = ""  # the operator's label of what was stored: a new one serves nothing older
     signing: SigningKeys | None = field(default=None, repr=False)  # sign and verify entries
 
 
@@ -133,7 +136,7 @@ ASYNC_LOADS = ("auto", "always", "never")
 _SIGNING_KEYS = frozenset({"key_env", "key_file"})
 
 _COMMON_KEYS = frozenset(
-    {"type", "name", "save_queue", "signing", "async_loads", "offload_prompt_only"}
+    {"type", "name", "save_queue", "signing", "async_loads", "offload_prompt_only", "epoch"}
 )
 _STORE_KEYS: dict[str, frozenset[str]] = {
     "memory": _COMMON_KEYS | {"capacity"},
@@ -223,8 +226,20 @@ def _tier_options(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
         "save_queue": _save_queue(spec, where),
         "async_loads": _async_loads(spec, where),
         "offload_prompt_only": _prompt_only(spec, where),
+        "epoch": _epoch(spec, where),
         "signing": _signing(spec, where),
     }
+
+
+_EPOCH_MAX = 128
+
+
+def _epoch(spec: Mapping[str, Any], where: str) -> str:
+    """``epoch``: any text up to 128 characters, folded into every key (default: none)."""
+    value = spec.get("epoch", "")
+    if not isinstance(value, str) or len(value) > _EPOCH_MAX:
+        raise ConfigError(_path(where, "epoch"), f"bad value {value!r}", "text of 0-128 characters")
+    return value
 
 
 def _prompt_only(spec: Mapping[str, Any], where: str) -> bool:

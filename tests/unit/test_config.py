@@ -374,3 +374,13 @@ def test_offload_prompt_only_must_be_a_boolean(value: Any) -> None:
         parse_store_connector_config({"store": raw})
     assert "store.offload_prompt_only" in str(info.value)
     assert "true, false" in str(info.value)
+
+
+def test_an_epoch_is_text_the_operator_sets() -> None:
+    raw = {"type": "disk", "path": "/tmp/kvmux-unit", "capacity": "1MiB"}
+    assert parse_store_spec(raw).epoch == ""
+    assert parse_store_spec({**raw, "epoch": "2026-12-07"}).epoch == "2026-12-07"
+    for bad in (7, "x" * 129, None):
+        with pytest.raises(ConfigError) as info:
+            parse_store_connector_config({"store": {**raw, "epoch": bad}})
+        assert "store.epoch" in str(info.value)

@@ -5,12 +5,12 @@ The namespace names everything about an engine that changes the bytes of a KV bl
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from blake3 import blake3
 
+from kvmux.checkpoint import checkpoint_identity
 from kvmux.errors import ConfigError
 from kvmux.tier.slab import ROW_ALIGN
 
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "block_size_of",
-    "checkpoint_identity",
     "engine_namespace",
     "group_windows",
     "prefer_recompute",
@@ -113,35 +112,20 @@ def _hf_config_digest(vllm_config: VllmConfig) -> str:
     return blake3(str(text).encode()).hexdigest(16)
 
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-def checkpoint_identity(model: str, revision: str | None) -> str:
-    """Which weights: the resolved revision of a hub model, or a local checkpoint's files.
-
-    A local directory is identified by the name, size and modification time of each
-    weight file, so weights rewritten in place get new keys.
-    """
-    folder = Path(model)
-    if not folder.is_dir():
-        return f"revision:{revision}"
-    digest = blake3()
-    try:
-        files = sorted(p for p in folder.iterdir() if p.name.endswith(_WEIGHT_SUFFIXES))
-        for path in files:
-            info = path.stat()
-            digest.update(f"{path.name}|{info.st_size}|{info.st_mtime_ns}\n".encode())
-    except OSError as exc:
-        raise ConfigError("model", f"cannot read the checkpoint at {model}: {exc}") from exc
-    return f"files:{digest.hexdigest(16)}"
-
-
 def saves_copy_async() -> bool:
     """Whether the workers' save copies run on a device stream, past the save's return
     (CUDA, see ``tier/slab.py``): their blocks' reuse is then fenced (``tier/fences.py``)."""
     from vllm.platforms import current_platform
 
     return str(current_platform.device_type) == "cuda"
+
+
+def _kv_cache_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> str:
+    """The resolved physical layout (both roles read the same KV cache config first)."""
+    layout = getattr(kv_cache_config, "kv_cache_layout", None)
+    if layout is None:
+        layout = getattr(vllm_config.cache_config, "kv_cache_layout", None)
+    return str(layout or "")
 
 
 def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> dict[str, Any]:
@@ -173,7 +157,7 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
         "pipeline_parallel_size": int(parallel.pipeline_parallel_size),
         "device": device,
         "cpu_isa": torch.backends.cpu.get_cpu_capability() if device == "cpu" else "",
-        "kv_cache_layout": str(getattr(vllm_config, "kv_cache_layout", "") or ""),
+        "kv_cache_layout": _kv_cache_layout(vllm_config, kv_cache_config),
     }
     if len(groups) > 1:  # a hybrid model: every group's layers and layout
         namespace["kv_cache_groups"] = [_describe_group(g) for g in groups]

@@ -154,6 +154,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         namespace = engine_namespace(vllm_config, kv_cache_config)
         if spec.signing is not None:  # signed and unsigned entries never share a key
             namespace["entries"] = "signed"
+        if spec.epoch:  # the operator's: nothing stored under another epoch is served
+            namespace["epoch"] = spec.epoch
         self._namespace = namespace_id(namespace)
         self._block_size = block_size_of(kv_cache_config)
         self._last_stats: dict[str, float] = {}

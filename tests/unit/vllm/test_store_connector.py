@@ -28,7 +28,7 @@ from kvmux.keys import block_keys, namespace_id, store_key
 from kvmux.stores import DiskStore
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
 from kvmux.vllm import StoreConnector, store_connector
-from kvmux.vllm.engine_config import checkpoint_identity, engine_namespace
+from kvmux.vllm.engine_config import engine_namespace
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
 from kvmux.vllm.store_connector import loads_async
 
@@ -154,19 +154,6 @@ def test_a_request_kvmux_cannot_key_is_neither_loaded_nor_saved() -> None:
     assert meta.plan.saves == []  # type: ignore[attr-defined]
 
 
-def test_checkpoint_identity_follows_the_weight_files(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    weights = tmp_path / "model.safetensors"
-    weights.write_bytes(b"a" * 10)
-    first = checkpoint_identity(str(tmp_path), None)
-    assert checkpoint_identity(str(tmp_path), None) == first
-    (tmp_path / "notes.txt").write_text("not weights")
-    assert checkpoint_identity(str(tmp_path), None) == first
-    weights.write_bytes(b"b" * 11)  # weights rewritten in place
-    assert checkpoint_identity(str(tmp_path), None) != first
-    assert checkpoint_identity("org/model", "abc123") == "revision:abc123"
-
-
 def test_quantization_and_checkpoint_are_in_the_namespace(tmp_path: Path) -> None:
     vllm_config, kv_cache_config = _engine(MEMORY)
     base = engine_namespace(vllm_config, kv_cache_config)  # type: ignore[arg-type]
@@ -175,6 +162,15 @@ def test_quantization_and_checkpoint_are_in_the_namespace(tmp_path: Path) -> Non
     assert base["quantization"] == "None" and quantized["quantization"] == "fp8"
     assert namespace_id(base) != namespace_id(quantized)
     assert base["checkpoint"] == "revision:None"
+
+
+def test_an_epoch_moves_the_namespace() -> None:
+    plain, first = scheduler(MEMORY), scheduler({**MEMORY, "epoch": "first"})
+    assert (
+        len({plain._namespace, first._namespace, scheduler({**MEMORY, "epoch": "2"})._namespace})
+        == 3
+    )
+    assert scheduler({**MEMORY, "epoch": "first"})._namespace == first._namespace
 
 
 # -- hybrid models: several KV cache groups -------------------------------------------
