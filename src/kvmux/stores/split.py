@@ -5,9 +5,10 @@ and part ``n`` (from 1) holds bytes ``[(n - 1) * max_value_size, n * max_value_s
 
 Whoever can write to a shared server can write any manifest, so one is believed only
 if it is exactly what this store could have written: the exact length, a total of at
-most ``MAX_ENTRY_SIZE`` bytes, and ``ceil(total / max_value_size)`` parts, at most
-``MAX_PARTS``. Anything else is a miss, so reading a split entry costs at most
-``MAX_PARTS`` commands and ``total`` bytes, whatever the server holds.
+most ``MAX_ENTRY_SIZE`` bytes (and at most the reader's ``value_limit``), and
+``ceil(total / max_value_size)`` parts, at most ``MAX_PARTS``. Anything else is a miss,
+so reading a split entry costs at most ``MAX_PARTS`` commands and ``total`` bytes (plus
+one per part), whatever the server holds.
 """
 
 from __future__ import annotations
@@ -86,12 +87,18 @@ def is_manifest(value: bytes) -> bool:
     return value.startswith(MANIFEST_PREFIX)
 
 
-def parse_manifest(value: bytes, max_value_size: int) -> Manifest | None:
-    """The manifest in ``value``, or None unless it is one this store could have written."""
+def parse_manifest(
+    value: bytes, max_value_size: int, max_total: int | None = None
+) -> Manifest | None:
+    """The manifest in ``value``, or None unless it is one this store could have written.
+
+    ``max_total``: the largest entry the reader accepts (``KVStore.value_limit``).
+    """
     if len(value) != MANIFEST_SIZE or not is_manifest(value) or max_value_size < 1:
         return None
     count, total, nonce = _BODY.unpack_from(value, len(MANIFEST_PREFIX))
-    if not 1 <= total <= MAX_ENTRY_SIZE or count > MAX_PARTS:
+    largest = MAX_ENTRY_SIZE if max_total is None else min(max_total, MAX_ENTRY_SIZE)
+    if not 1 <= total <= largest or count > MAX_PARTS:
         return None
     if count != part_count(total, max_value_size):
         return None
