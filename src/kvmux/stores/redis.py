@@ -3,11 +3,15 @@
 Keys are ``PREFIX{hex}``; an entry larger than ``max_value_size`` is split into parts
 ``PREFIX{hex}:nonce:1..n`` with a small manifest at ``PREFIX{hex}`` (see ``split``). The
 braces are a hash tag, so an entry and its parts live in one cluster slot. Anyone who can
-write to the server can write garbage: a malformed manifest, a part of the wrong length
-or a key of another type is a miss for that key, and reading a split entry sends at most
+write to the server can write garbage: a malformed manifest, a part of the wrong length,
+a value over the store's ``value_limit`` or a key of another type is a miss for that key
+(never for the batch it was read in), and reading a split entry sends at most
 ``split.MAX_PARTS`` commands and reads at most one byte per part more than the manifest's
-total. The entry checksum is verified by the codec as for every tier. Operators' tools
-walk the entries (not their parts) with SCAN: see ``redis_walk``.
+total. With a ``value_limit`` no reply holds more than that many bytes and one more (a
+longer value is read only that far, with GETRANGE); without one, entries are read whole
+with GET (``docs/redis_tier_hostile.md``). The entry checksum is verified by the codec as
+for every tier. Operators' tools walk the entries (not their parts) with SCAN: see
+``redis_walk``.
 
 Every call is bounded by socket timeouts and goes through a circuit breaker: while the
 server is down or refusing, calls fail at once (a miss) instead of waiting, and one
@@ -60,6 +64,19 @@ def _join(parts: list[bytes | None], sizes: list[int]) -> bytes | None:
     if any(part is None or len(part) != size for part, size in zip(parts, sizes, strict=True)):
         return None
     return b"".join(part for part in parts if part is not None)
+
+
+def _head(parts: list[bytes | None], sizes: list[int]) -> bytes | None:
+    """The parts joined up to the first shorter than its size (a missing part reads as
+    empty: the head is short, as is the entry); None if one of those is of another type."""
+    head: list[bytes] = []
+    for part, size in zip(parts, sizes, strict=True):
+        if part is None:
+            return None
+        head.append(part)
+        if len(part) < size:
+            break
+    return b"".join(head)
 
 
 def _import_redis() -> Any:
@@ -235,16 +252,47 @@ class RedisStore(KVStore):
         """Several entries in one pipelined round trip (two if some were split)."""
 
         def run(client: Any) -> list[bytes | None]:
-            pipe = self._pipeline(client)
+            limit, pipe = self.value_limit, self._pipeline(client)
             for key in keys:
-                pipe.get(self._key(key))
-            values = [self._value(reply) for reply in pipe.execute(raise_on_error=False)]
-            split = self._manifests(values)
+                self._queue_get(pipe, self._key(key), limit)
+            values = self._got(pipe.execute(raise_on_error=False), limit)
+            split = self._manifests(values, limit)
             if split:
                 self._reassemble(client, keys, values, split)
             return values
 
         return self._call("get", run) if keys else []
+
+    def _queue_get(self, pipe: Any, name: str, limit: int | None) -> None:
+        """Queue the read of one entry: GET, or at most ``limit`` bytes and one more."""
+        if limit is None:
+            pipe.get(name)
+            return
+        pipe.exists(name)  # GETRANGE of an absent key is empty, as of an empty value
+        pipe.getrange(name, 0, max(limit, MANIFEST_SIZE))  # a manifest is read whole
+
+    def _got(self, replies: list[Any], limit: int | None) -> list[bytes | None]:
+        """The values in the replies to ``_queue_get``; None where absent or unfit."""
+        if limit is None:
+            return [self._value(reply) for reply in replies]
+        pairs = zip(replies[::2], replies[1::2], strict=True)
+        return [self._bounded(found, head, limit) for found, head in pairs]
+
+    def _bounded(
+        self, found: Any, head: Any, limit: int | None, length: Any = None
+    ) -> bytes | None:
+        """A value read as EXISTS and GETRANGE: None if absent, of another type, or longer
+        than ``limit`` (its length: ``length``, a STRLEN reply, else the bytes read)."""
+        value = self._value(head) if found == 1 else None
+        if value is None or limit is None:
+            return value
+        size = len(value) if length is None else length
+        if type(size) is int and size <= limit:
+            return value
+        if size == MANIFEST_SIZE and is_manifest(value):
+            return value  # a manifest's total is weighed against the limit when parsed
+        self._warn_garbage("a value over the size limit")
+        return None
 
     def _value(self, reply: Any) -> bytes | None:
         """A GET-like reply: None for a key of another type (garbage), raised if an error."""
@@ -255,13 +303,14 @@ class RedisStore(KVStore):
             raise reply
         return reply if isinstance(reply, bytes) else None
 
-    def _manifests(self, values: list[bytes | None]) -> dict[int, Manifest]:
-        """The valid manifest of each split entry, by position; malformed ones become None."""
+    def _manifests(self, values: list[bytes | None], limit: int | None) -> dict[int, Manifest]:
+        """The valid manifest of each split entry, by position; malformed ones (or of an
+        entry over ``limit``) become None."""
         found = {}
         for i, value in enumerate(values):
             if value is None or not is_manifest(value):
                 continue
-            manifest = parse_manifest(value, self.spec.max_value_size)
+            manifest = parse_manifest(value, self.spec.max_value_size, limit)
             if manifest is None:
                 self._warn_garbage("a malformed manifest")
                 values[i] = None
@@ -376,14 +425,16 @@ class RedisStore(KVStore):
         """The first ``size`` bytes of entries (from their first parts if split)."""
 
         def run(client: Any) -> list[bytes | None]:
-            pipe = self._pipeline(client)
+            limit, pipe = self.value_limit, self._pipeline(client)
+            wanted = size if limit is None else min(size, limit)  # a longer entry is a miss
             for key in keys:  # GETRANGE of an absent key is empty: EXISTS tells them apart
                 pipe.exists(self._key(key))
-                pipe.getrange(self._key(key), 0, max(size, MANIFEST_SIZE + 1) - 1)
+                pipe.strlen(self._key(key))
+                pipe.getrange(self._key(key), 0, max(wanted, MANIFEST_SIZE + 1) - 1)
             replies = pipe.execute(raise_on_error=False)
-            pairs = zip(replies[::2], replies[1::2], strict=True)
-            heads = [self._value(head) if found == 1 else None for found, head in pairs]
-            split = self._manifests(heads)
+            triples = zip(replies[::3], replies[1::3], replies[2::3], strict=True)
+            heads = [self._bounded(found, head, limit, n) for found, n, head in triples]
+            split = self._manifests(heads, limit)
             if split:
                 self._read_heads(client, keys, heads, split, size)
             return [None if head is None else head[:size] for head in heads]
@@ -405,9 +456,8 @@ class RedisStore(KVStore):
             for index, length in enumerate(wanted[i], start=1):
                 pipe.getrange(part_name(self._key(keys[i]), manifest.nonce, index), 0, length - 1)
         replies = iter(pipe.execute(raise_on_error=False))
-        for i in split:  # a missing part reads as empty: the head is short, as is the entry
-            parts = [self._value(next(replies)) for _ in wanted[i]]
-            heads[i] = None if None in parts else b"".join(p for p in parts if p is not None)
+        for i in split:
+            heads[i] = _head([self._value(next(replies)) for _ in wanted[i]], wanted[i])
 
     def read_generation(self) -> bytes | None:
         """The record under ``<key_prefix>generation`` (its first ``GENERATION_RECORD_MAX +
