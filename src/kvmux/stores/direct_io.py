@@ -31,6 +31,8 @@ ALIGNMENT = 4096  # a multiple of every common logical block size (512, 4096)
 DIRECT_MIN_BYTES = 64 * 2**10  # smaller files go through the page cache: cheap there
 KEPT_BUFFER_BYTES = 64 * 2**20  # a larger file takes a buffer of its own for that write
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none (not Linux)
+# a new file, never through a planted symlink
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | O_DIRECT
 
 
 class DirectRefused(OSError):
@@ -48,8 +50,15 @@ class DirectWriter:
         self._buffer: mmap.mmap | None = None  # grown to the largest file written so far
         self._lock = threading.Lock()
 
-    def write_new(self, path: str, parts: Sequence[memoryview | bytes], mode: int = 0o600) -> None:
-        """Create ``path`` (it must not exist) holding ``parts`` joined, written directly.
+    def write_new(
+        self,
+        path: str,
+        parts: Sequence[memoryview | bytes],
+        mode: int = 0o600,
+        dir_fd: int | None = None,
+    ) -> None:
+        """Create ``path`` (it must not exist; relative to the folder ``dir_fd`` if given)
+        holding ``parts`` joined, written directly.
 
         Raises DirectRefused if the file system refuses ``O_DIRECT``, OSError for any
         other failure; either way no file is left at ``path`` if this call created it.
@@ -57,7 +66,7 @@ class DirectWriter:
         views = [memoryview(part).cast("B") for part in parts]
         size = sum(view.nbytes for view in views)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | O_DIRECT, mode)
+            fd = os.open(path, _NEW_FLAGS, mode, dir_fd=dir_fd)
         except OSError as exc:
             raise _translated(exc) from exc
         need = _aligned(size)
@@ -73,7 +82,7 @@ class DirectWriter:
         except OSError as exc:
             os.close(fd)
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(path, dir_fd=dir_fd)
             raise _translated(exc) from exc
         os.close(fd)
 

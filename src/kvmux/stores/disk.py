@@ -10,10 +10,16 @@ overwrite in place so that a full tier keeps its page cache instead of churning 
 removed once the pool is full. The file ``generation`` holds the directory's
 generation, which a reset advances for every engine sharing it.
 
-Anyone who can write to the directory can plant anything in it: only a regular file of
-at most ``capacity`` bytes is an entry (anything larger is a miss, never read), symlinks
-are not followed, and every OS error becomes a StoreError or, for a missing file, a miss.
-Eviction passes over a shard it cannot list or a file it cannot remove.
+Anyone who can write to the directory can plant anything in it, and cause only misses
+(``docs/disk_tier_hostile.md``). Every name under the root is opened relative to a
+descriptor of its folder, and neither folder nor file is reached through a symlink (a
+shard folder that is one holds no entries and takes no writes). Only a regular file of
+at most ``capacity`` bytes (or ``value_limit``, when set) is an entry: a larger one is a
+miss, never read. Reads never block (a planted FIFO is a miss), KV goes only into files
+this process creates (0600, ``O_EXCL``) or spares it owns (``spare_pool.py``), and every
+OS error becomes a StoreError or, for a missing file, a miss. A write that finds the disk
+or quota full removes the spares and the oldest entries, then tries once more. Eviction
+passes over a shard it cannot list or a file it cannot remove.
 
 With ``direct_writes``, entries are written around the page cache (``O_DIRECT``, see
 ``direct_io.py``) unless the file system refuses it; reads go through the page cache.
@@ -27,7 +33,6 @@ import logging
 import os
 import secrets
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +41,18 @@ from pathlib import Path
 from typing import TypeVar
 
 from kvmux.errors import StoreError, StoreUnavailable
-from kvmux.stores._files import remove_file
+from kvmux.stores._files import (
+    READ_FLAGS,
+    create_temp,
+    make_private_dir,
+    open_dir,
+    out_of_space,
+    read_at_most,
+    read_head,
+    read_into,
+    remove_file,
+    write_all,
+)
 from kvmux.stores.base import GENERATION_RECORD_MAX, KVStore, StoredEntry, ValueParts, value_nbytes
 from kvmux.stores.direct_io import DIRECT_MIN_BYTES, O_DIRECT, DirectRefused, DirectWriter
 from kvmux.stores.spare_pool import SparePool
@@ -50,53 +66,10 @@ _SUFFIX = ".kvx"
 _GENERATION = "generation"  # file holding the directory's generation (see KVStore)
 _EVICT_TO = 0.9  # after an eviction pass the directory holds at most this share of the budget
 _RESCAN_SHARE = 0.1  # rescan the shared directory after writing this share of the budget
-# non-blocking so that a planted FIFO cannot hang a read; never through a planted symlink
-_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-_ABSENT = (FileNotFoundError, NotADirectoryError)  # no entry file at this path
+_TEMP_SUFFIX = ".part"
+_RECORD_READ = GENERATION_RECORD_MAX + 1  # bytes of the generation file read at most
+_ABSENT = (FileNotFoundError, NotADirectoryError)  # no entry file (or no shard folder) there
 _HEX = frozenset("0123456789abcdef")
-_IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux takes 1024)
-
-
-def _write_all(fd: int, parts: ValueParts) -> None:
-    """Write ``parts`` in order, whole, with as few system calls as the OS allows."""
-    views = [view for view in (memoryview(part).cast("B") for part in parts) if view.nbytes]
-    while views:
-        written = os.writev(fd, views[:_IOV_MAX])
-        if written <= 0:
-            raise OSError(f"writev wrote {written} bytes")
-        while views and written >= views[0].nbytes:
-            written -= views.pop(0).nbytes
-        if written:
-            views[0] = views[0][written:]
-
-
-def _read_head(fd: int, size: int) -> bytes:
-    """The file's first ``size`` bytes (all of a shorter file)."""
-    chunks, left = [], size
-    while left > 0:
-        chunk = os.read(fd, left)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_at_most(fd: int, size: int) -> bytes | None:
-    """The file's bytes, or None if it holds more than ``size`` (it grew meanwhile)."""
-    data = _read_head(fd, size + 1)
-    return data if len(data) <= size else None
-
-
-def _read_into(fd: int, view: memoryview) -> int:
-    """Fill ``view`` from the file (less at its end); the bytes read."""
-    filled = 0
-    while filled < view.nbytes:
-        count = os.readv(fd, [view[filled:]])
-        if count <= 0:
-            break
-        filled += count
-    return filled
 
 
 def _key_of(path: Path) -> bytes | None:
@@ -107,10 +80,10 @@ def _key_of(path: Path) -> bytes | None:
     return bytes.fromhex(name)
 
 
-def _shard_entries(shard: str) -> list[tuple[float, int, Path]]:
+def _shard_entries(shard: Path) -> list[tuple[float, int, Path]]:
     """(mtime, size, path) of the entry files in one shard; unreadable ones are skipped."""
     found = []
-    with contextlib.suppress(OSError), os.scandir(shard) as listing:
+    with contextlib.suppress(OSError), open_dir(shard) as shard_fd, os.scandir(shard_fd) as listing:
         for item in listing:
             if not item.name.endswith(_SUFFIX):
                 continue
@@ -119,7 +92,7 @@ def _shard_entries(shard: str) -> list[tuple[float, int, Path]]:
             except OSError:
                 continue
             if stat.S_ISREG(info.st_mode):
-                found.append((info.st_mtime, info.st_size, Path(item.path)))
+                found.append((info.st_mtime, info.st_size, shard / item.name))
     return found
 
 
@@ -162,13 +135,15 @@ class DiskStore(KVStore):
 
     def _prepare_directory(self) -> None:
         try:
-            for folder in (self.root, self._tmp, self._spares.root):
-                with contextlib.suppress(FileExistsError):  # never chmod what it did not create
-                    folder.mkdir(mode=0o700, parents=True)
-                    os.chmod(folder, 0o700)
-            fd, probe = tempfile.mkstemp(dir=self._tmp)
-            os.close(fd)
-            os.unlink(probe)
+            with contextlib.suppress(FileExistsError):  # never chmod what it did not create
+                self.root.mkdir(mode=0o700, parents=True)
+                os.chmod(self.root, 0o700)
+            for folder in (self._tmp, self._spares.root):
+                make_private_dir(folder)
+            with open_dir(self._tmp) as tmp_fd:
+                fd, probe = create_temp(tmp_fd, ".probe")
+                os.close(fd)
+                os.unlink(probe, dir_fd=tmp_fd)
         except OSError as exc:
             raise StoreUnavailable(
                 f"disk store {self.name!r}: cannot create or write {self.root}: {exc}"
@@ -176,31 +151,21 @@ class DiskStore(KVStore):
 
     def read_generation(self) -> bytes | None:
         """The file ``generation`` (at most ``GENERATION_RECORD_MAX + 1`` bytes), or None."""
-        try:
-            fd = os.open(self.root / _GENERATION, _READ_FLAGS)
-        except _ABSENT:
+        fd = self._open_file(self.root / _GENERATION, "generation", follow_folder=True)
+        if fd is None:
             return None
-        except OSError as exc:
-            raise self._error("generation", exc) from exc
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise self._error("generation", f"{self.root / _GENERATION} is not a file")
-            return _read_head(fd, GENERATION_RECORD_MAX + 1)
-        except OSError as exc:
-            raise self._error("generation", exc) from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        return self._use_file(
+            fd, self.root / _GENERATION, "generation", lambda fd, _: read_head(fd, _RECORD_READ)
+        )
 
     def write_generation(self, record: bytes) -> None:
         """Replace the file ``generation`` atomically; every engine on the directory follows."""
         with self._lock:
-            tmp_name = self._write_temp(self.root / _GENERATION, (record,), len(record))
             try:
-                os.replace(tmp_name, self.root / _GENERATION)
+                with open_dir(self._tmp) as tmp_fd, open_dir(self.root, follow=True) as root_fd:
+                    tmp_name = self._write_temp(tmp_fd, (record,), len(record))
+                    self._rename(tmp_fd, tmp_name, root_fd, _GENERATION)
             except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
                 raise self._error("generation", exc) from exc
 
     def _path(self, key: bytes) -> Path:
@@ -210,15 +175,28 @@ class DiskStore(KVStore):
     def _error(self, what: str, exc: OSError | str) -> StoreError:
         return StoreError(f"disk store {self.name!r}: {what} failed: {exc}")
 
-    def _holds(self, path: Path, what: str) -> bool:
-        """Whether ``path`` is an entry: a regular file of at most ``capacity`` bytes."""
+    def _largest(self) -> int:
+        """Bytes of the largest file that can be an entry: the budget, or the value limit."""
+        limit = self.value_limit
+        return self.capacity if limit is None else min(self.capacity, limit)
+
+    def _is_entry(self, dir_fd: int, name: str) -> bool:
+        """Whether ``name`` in the folder ``dir_fd`` is a regular file that can be an entry."""
         try:
-            info = os.lstat(path)
+            info = os.lstat(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(info.st_mode) and info.st_size <= self._largest()
+
+    def _holds(self, path: Path, what: str) -> bool:
+        """Whether ``path`` is an entry (a shard folder that is a symlink holds none)."""
+        try:
+            with open_dir(path.parent) as shard_fd:
+                return self._is_entry(shard_fd, path.name)
         except _ABSENT:
             return False
         except OSError as exc:
             raise self._error(what, exc) from exc
-        return stat.S_ISREG(info.st_mode) and info.st_size <= self.capacity
 
     def put(self, key: bytes, value: bytes) -> bool:
         """Write ``value`` atomically; evict the oldest files past the budget."""
@@ -230,33 +208,53 @@ class DiskStore(KVStore):
 
     def _put(self, key: bytes, parts: ValueParts) -> bool:
         size = value_nbytes(parts)
-        if size > self.capacity:
+        if size > self._largest():
             return False
         target = self._path(key)
         if self._holds(target, "write"):
             return True
-        tmp_name = self._write_temp(target, parts, size)
+        try:
+            installed = self._write(target, parts, size)
+        except StoreError as exc:
+            if not out_of_space(exc):
+                raise
+            self._free_space(size)  # the disk or the quota is full: make room, once more
+            installed = self._write(target, parts, size)
+        if not installed:
+            return True
         with self._lock:
-            if not self._install(tmp_name, target):
-                return True
-            self._used += size
-            self._unscanned += size
             over = self._used + self._spares.nbytes > self.capacity
             due = over or self._unscanned > self.capacity * _RESCAN_SHARE
         if due:
             self._evict(keep=target)
         return True
 
-    def _write_temp(self, target: Path, parts: ValueParts, size: int) -> str:
-        """Write ``parts`` (``size`` bytes) to a new temporary file beside ``target``; its name."""
+    def _write(self, target: Path, parts: ValueParts, size: int) -> bool:
+        """Write ``parts`` to a temporary file and rename it to ``target``, counting it.
+
+        False if an entry was there already. The shard folder is created if missing and
+        refused if it is a symlink or no directory: nothing is written outside the root.
+        """
         try:
-            target.parent.mkdir(mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(target.parent, 0o700)
+            with open_dir(target.parent) as shard_fd, open_dir(self._tmp) as tmp_fd:
+                tmp_name = self._write_temp(tmp_fd, parts, size)
+                with self._lock:
+                    if not self._install(tmp_fd, tmp_name, shard_fd, target.name):
+                        return False
+                    self._used += size
+                    self._unscanned += size
+                    return True
         except OSError as exc:
             raise self._error("write", exc) from exc
+
+    def _write_temp(self, tmp_fd: int, parts: ValueParts, size: int) -> str:
+        """Write ``parts`` (``size`` bytes) to a new temporary file in ``tmp_fd``; its name."""
         if self._direct is not None and size >= DIRECT_MIN_BYTES:
-            tmp_name = str(self._tmp / f"{secrets.token_hex(8)}.part")
+            tmp_name = f"{secrets.token_hex(8)}{_TEMP_SUFFIX}"
             try:
-                self._direct.write_new(tmp_name, parts)
+                self._direct.write_new(tmp_name, parts, dir_fd=tmp_fd)
                 return tmp_name
             except DirectRefused as exc:  # this file system: through the page cache from now on
                 self._direct = None
@@ -266,47 +264,65 @@ class DiskStore(KVStore):
                     self.root,
                     exc.strerror,
                 )
-            except OSError as exc:
-                raise self._error("write", exc) from exc
-        return self._write_buffered(parts, size)
+        return self._write_buffered(tmp_fd, parts, size)
 
-    def _write_buffered(self, parts: ValueParts, size: int) -> str:
+    def _write_buffered(self, tmp_fd: int, parts: ValueParts, size: int) -> str:
         """Write ``parts`` to a temporary file through the page cache; its name.
 
-        The file is a spare overwritten in place when the pool has one, else a new file.
+        The file is a spare overwritten in place when the pool has one fit for it (this
+        process's own, 0600), else a new file.
         """
-        claimed = self._spares.claim(self._tmp, ".part")
-        try:
-            fd, tmp_name = claimed or tempfile.mkstemp(dir=self._tmp, suffix=".part")
-        except OSError as exc:
-            raise self._error("write", exc) from exc
+        fd, tmp_name = self._spares.claim(tmp_fd, _TEMP_SUFFIX) or create_temp(tmp_fd, _TEMP_SUFFIX)
         try:
             try:
-                _write_all(fd, parts)
+                write_all(fd, parts)
                 os.ftruncate(fd, size)  # a spare may have been longer
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except OSError:
             with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
-            raise self._error("write", exc) from exc
+                os.unlink(tmp_name, dir_fd=tmp_fd)
+            raise
         return tmp_name
 
-    def _install(self, tmp_name: str, target: Path) -> bool:
-        """Rename the temp file to ``target``; False if an entry is there already."""
-        installed = False
-        try:
-            if self._holds(target, "write"):  # another thread or engine wrote it meanwhile
-                return False
-            os.replace(tmp_name, target)  # also replaces a planted file that is no entry
-            installed = True
-        except OSError as exc:
-            raise self._error("write", exc) from exc
-        finally:
-            if not installed:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
+    def _install(self, tmp_fd: int, tmp_name: str, shard_fd: int, name: str) -> bool:
+        """Rename the temp file to ``name`` in the shard; False if an entry is there already."""
+        if self._is_entry(shard_fd, name):  # another thread or engine wrote it meanwhile
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name, dir_fd=tmp_fd)
+            return False
+        self._rename(tmp_fd, tmp_name, shard_fd, name)  # also replaces a planted non-entry
         return True
+
+    @staticmethod
+    def _rename(tmp_fd: int, tmp_name: str, dir_fd: int, name: str) -> None:
+        """Move the temp file to ``name`` in the folder ``dir_fd``; else remove it and raise."""
+        try:
+            os.replace(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=dir_fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name, dir_fd=tmp_fd)
+            raise
+
+    def _free_space(self, need: int) -> None:
+        """Make room after the disk or quota ran out: free ``need`` bytes at least.
+
+        The spares go first, then the oldest entries; best effort (the write tried again
+        tells whether it was enough).
+        """
+        with self._lock:
+            freed = self._spares.nbytes
+            self._spares.clear()
+            try:
+                entries = sorted(self._entries())
+            except StoreError:
+                return
+            for _, size, path in entries:
+                if freed >= need:
+                    break
+                if remove_file(path) is None:
+                    freed += size
+                    self._used = max(0, self._used - size)
 
     def get(self, key: bytes) -> bytes | None:
         """Read the entry file, refreshing its recency; None when absent or oversized."""
@@ -323,19 +339,17 @@ class DiskStore(KVStore):
     def _read_into_buffer(
         self, buffer: bytearray, fd: int, info: os.stat_result
     ) -> bytes | memoryview | None:
-        if info.st_size > self.capacity or info.st_size >= len(buffer):
+        if info.st_size >= len(buffer):
             return self._read(fd, info)  # a byte to spare in the buffer tells what grew
         view = memoryview(buffer)[: info.st_size + 1]
-        filled = _read_into(fd, view)
+        filled = read_into(fd, view)
         if filled > info.st_size:
             return None  # it grew meanwhile
         self._touch(fd)
         return view[:filled]
 
     def _read(self, fd: int, info: os.stat_result) -> bytes | None:
-        if info.st_size > self.capacity:
-            return None  # no entry is larger than the budget: garbage, never read
-        data = _read_at_most(fd, info.st_size)
+        data = read_at_most(fd, info.st_size)
         if data is not None:
             self._touch(fd)
         return data
@@ -348,28 +362,54 @@ class DiskStore(KVStore):
 
     def head_many(self, keys: Sequence[bytes], size: int) -> list[bytes | None]:
         """The first ``size`` bytes of each entry file, leaving its mtime alone."""
-        return [self._open_entry(key, lambda fd, _: _read_head(fd, size)) for key in keys]
+        return [
+            self._open_entry(key, lambda fd, info: read_head(fd, min(size, info.st_size)))
+            for key in keys
+        ]
 
     def _open_entry(self, key: bytes, read: Callable[[int, os.stat_result], R]) -> R | None:
-        """``read(fd, stat)`` of the key's entry file; None when absent.
+        """``read(fd, stat)`` of the key's entry file; None when absent or oversized.
 
-        Never follows a symlink nor opens anything but a regular file; an OSError is a
-        StoreError.
+        Never follows a symlink (nor a shard folder that is one), opens anything but a
+        regular file, nor reads one larger than an entry can be; an OSError is a StoreError.
         """
         path = self._path(key)
+        fd = self._open_file(path, "read")
+        if fd is None:
+            return None
+        return self._use_file(fd, path, "read", partial(self._bounded, read))
+
+    def _bounded(
+        self, read: Callable[[int, os.stat_result], R], fd: int, info: os.stat_result
+    ) -> R | None:
+        """``read(fd, info)``, or None for a file larger than an entry can be (never read)."""
+        return None if info.st_size > self._largest() else read(fd, info)
+
+    def _open_file(self, path: Path, what: str, follow_folder: bool = False) -> int | None:
+        """An fd to read ``path``, or None if absent.
+
+        Opened in its folder, following a symlink in neither (but for the folder if
+        ``follow_folder``: the root, which the operator names).
+        """
         try:
-            fd = os.open(path, _READ_FLAGS)
+            with open_dir(path.parent, follow=follow_folder) as dir_fd:
+                return os.open(path.name, READ_FLAGS, dir_fd=dir_fd)
         except _ABSENT:
             return None
         except OSError as exc:
-            raise self._error("read", exc) from exc
+            raise self._error(what, exc) from exc
+
+    def _use_file(
+        self, fd: int, path: Path, what: str, use: Callable[[int, os.stat_result], R]
+    ) -> R:
+        """``use(fd, stat)`` if ``fd`` is a regular file (else a StoreError), then close it."""
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise self._error("read", f"{path} is not a regular file")
-            return read(fd, info)
+                raise self._error(what, f"{path} is not a regular file")
+            return use(fd, info)
         except OSError as exc:
-            raise self._error("read", exc) from exc
+            raise self._error(what, exc) from exc
         finally:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -387,15 +427,16 @@ class DiskStore(KVStore):
         return found
 
     def contains(self, key: bytes) -> bool:
-        """One stat, no read."""
+        """One stat in the shard folder, no read."""
         return self._holds(self._path(key), "lookup")
 
     def delete(self, key: bytes) -> None:
         """Remove the entry file if present."""
         path = self._path(key)
         try:
-            info = os.lstat(path)
-            path.unlink()
+            with open_dir(path.parent) as shard_fd:
+                info = os.lstat(path.name, dir_fd=shard_fd)
+                os.unlink(path.name, dir_fd=shard_fd)
         except _ABSENT:
             return
         except OSError as exc:
@@ -414,7 +455,7 @@ class DiskStore(KVStore):
         try:
             with os.scandir(self.root) as listing:
                 shards = [
-                    item.path
+                    self.root / item.name
                     for item in listing
                     if len(item.name) == 2 and item.is_dir(follow_symlinks=False)
                 ]

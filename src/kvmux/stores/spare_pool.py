@@ -13,9 +13,12 @@ meanwhile. Every entry names its key in its checksummed header (``codec.py``), s
 reader sees a mismatch: a miss, never another key's KV.
 
 The pool holds at most ``budget`` bytes; an evicted file beyond that is removed. Anyone
-who can write to the directory can plant files here too: only a regular file with one
-link, of at most ``max_size`` bytes, is reused: another regular file is removed when
-claimed, and anything that is not a regular file is never claimed nor counted.
+who can write to the directory can plant files here too: a claimed file is reused only
+if it is a regular file this process's user owns, with one link, of at most ``max_size``
+bytes (``_files.fit_to_overwrite``, checked on the open descriptor, which then makes it
+0600); any other claimed file is removed unwritten, and anything that is not a regular
+file is never claimed nor counted. Every name is reached through a descriptor of the
+pool's folder or the caller's, never through a symlink.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import stat
 import threading
 from pathlib import Path
 
-from kvmux.stores._files import remove_file
+from kvmux.stores._files import fit_to_overwrite, open_dir, remove_file
 
 __all__ = ["SparePool"]
 
@@ -55,7 +58,11 @@ class SparePool:
     def scan(self) -> int:
         """Relist the pool (other engines retire and claim too); its bytes."""
         found = []
-        with contextlib.suppress(OSError), os.scandir(self.root) as listing:
+        with (
+            contextlib.suppress(OSError),
+            open_dir(self.root) as pool_fd,
+            os.scandir(pool_fd) as listing,
+        ):
             for item in listing:
                 if not item.name.endswith(_SUFFIX):
                     continue
@@ -80,21 +87,30 @@ class SparePool:
         if room:
             name = secrets.token_hex(8) + _SUFFIX
             try:
-                os.replace(path, self.root / name)
-            except FileNotFoundError:
-                self._release(size)
-                return True  # another engine evicted it first
+                moved = self._move_in(path, name)
             except OSError:
-                self._release(size)
+                self._release(size)  # then removed below
             else:
+                if not moved:  # another engine evicted it first
+                    self._release(size)
+                    return True
                 with self._lock:
                     self._known.append((name, size))
                 return True
         return remove_file(path) is None
 
-    def claim(self, directory: Path, suffix: str) -> tuple[int, str] | None:
-        """Rename a spare file to a new name in ``directory`` (ending in ``suffix``) and
-        open it for writing in place; (its fd, its path), or None if there is none.
+    def _move_in(self, path: Path, name: str) -> bool:
+        """Rename ``path`` into the pool as ``name``; False if it was gone already."""
+        with open_dir(path.parent) as from_fd, open_dir(self.root) as pool_fd:
+            try:
+                os.replace(path.name, name, src_dir_fd=from_fd, dst_dir_fd=pool_fd)
+            except FileNotFoundError:
+                return False
+        return True
+
+    def claim(self, dir_fd: int, suffix: str) -> tuple[int, str] | None:
+        """Rename a spare file to a new name (ending in ``suffix``) in the folder ``dir_fd``
+        and open it for writing in place; (its fd, its name), or None if there is none.
 
         The caller writes from offset 0 and cuts the file to its new length.
         """
@@ -103,34 +119,34 @@ class SparePool:
                 if not self._known:
                     return None
                 name, size = self._known.pop()
-            dest = str(directory / f"{secrets.token_hex(8)}{suffix}")
+            dest = f"{secrets.token_hex(8)}{suffix}"
             try:
-                os.rename(self.root / name, dest)
+                with open_dir(self.root) as pool_fd:
+                    os.rename(name, dest, src_dir_fd=pool_fd, dst_dir_fd=dir_fd)
             except OSError:
                 continue  # claimed by another engine, or gone
             self._release(size)
-            fd = self._open_reusable(dest)
+            fd = self._open_reusable(dir_fd, dest)
             if fd is not None:
                 return fd, dest
 
-    def _open_reusable(self, path: str) -> int | None:
-        """An fd to write ``path`` in place if it is a file fit for reuse; else remove it."""
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except OSError:
-            fd = None
+    def _open_reusable(self, dir_fd: int, name: str) -> int | None:
+        """An fd to write ``name`` in place if it is a file fit for reuse; else remove it."""
+        fd = None
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(name, dir_fd=dir_fd).st_mode):  # never open a device
+                fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
         if fd is not None:
             try:
-                info = os.fstat(fd)
-                fit = info.st_nlink == 1 and info.st_size <= self.max_size
-                if stat.S_ISREG(info.st_mode) and fit:
+                if fit_to_overwrite(fd, self.max_size):  # checked on what was opened
                     os.set_blocking(fd, True)
                     return fd
             except OSError:
                 pass
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)  # in the caller's folder: never written
         return None
 
     def _release(self, size: int) -> None:
@@ -141,7 +157,11 @@ class SparePool:
         """Remove every spare file; the first error met, if any."""
         first: OSError | None = None
         names: list[str] = []
-        with contextlib.suppress(OSError), os.scandir(self.root) as listing:
+        with (
+            contextlib.suppress(OSError),
+            open_dir(self.root) as pool_fd,
+            os.scandir(pool_fd) as listing,
+        ):
             names = [item.name for item in listing if item.name.endswith(_SUFFIX)]
         for name in names:
             error = remove_file(self.root / name)  # every file, whatever failed before

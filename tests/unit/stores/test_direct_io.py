@@ -99,10 +99,10 @@ def test_direct_writes_off_never_writes_directly(
 
 
 def _refusing_open(real: Any) -> Any:
-    def fake_open(path: Any, flags: int, *args: Any) -> int:
+    def fake_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if flags & direct_io.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
-        return int(real(path, flags, *args))
+        return int(real(path, flags, *args, **kwargs))
 
     return fake_open
 

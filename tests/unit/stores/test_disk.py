@@ -291,7 +291,7 @@ def test_failed_rename_removes_the_temp_file(
 ) -> None:
     store = DiskStore(tmp_path / "kv", 1000)
 
-    def broken_replace(src: str, dst: object) -> None:
+    def broken_replace(src: str, dst: object, **dir_fds: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(disk_module.os, "replace", broken_replace)
@@ -349,14 +349,14 @@ def test_concurrent_puts_of_one_key_count_it_once(
 ) -> None:
     store = DiskStore(tmp_path / "kv", 1 << 20)
     both_checked = threading.Barrier(2)
-    real_mkstemp = disk_module.tempfile.mkstemp
+    real_create_temp = disk_module.create_temp
 
-    def mkstemp_after_both_checked(*args: Any, **kwargs: Any) -> tuple[int, str]:
+    def create_temp_after_both_checked(*args: Any, **kwargs: Any) -> tuple[int, str]:
         with contextlib.suppress(threading.BrokenBarrierError):
             both_checked.wait(timeout=5)  # only times out once puts are serialised
-        return real_mkstemp(*args, **kwargs)
+        return real_create_temp(*args, **kwargs)
 
-    monkeypatch.setattr(disk_module.tempfile, "mkstemp", mkstemp_after_both_checked)
+    monkeypatch.setattr(disk_module, "create_temp", create_temp_after_both_checked)
     threads = [threading.Thread(target=store.put, args=(_key(1), b"v" * 100)) for _ in range(2)]
     for thread in threads:
         thread.start()

@@ -36,43 +36,72 @@ def _entry_path(store: DiskStore, key: bytes) -> Path:
 class Faults:
     """Makes chosen ``os`` functions fail with one errno on paths under ``root``.
 
-    Descriptors of entry files opened under ``root`` count as under it, so that reads,
-    fstat and close on them can fail too.
+    The store opens names relative to descriptors of their folders: such a name counts
+    by its folder's path. Descriptors of folders and entry files opened under ``root``
+    count as under it, so that listings, reads, fstat and close on them can fail too.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, root: Path, code: int):
         self.root = str(root)
         self.code = code
-        self.fds: set[int] = set()
+        self.fds: set[int] = set()  # entry files opened under root
+        self.dirs: dict[int, str] = {}  # every folder opened, by descriptor
         self.failing: set[str] = set()
         self.calls: dict[str, int] = {}
         for name in PATH_FUNCTIONS + FD_FUNCTIONS:
             monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name)))
 
-    def _ours(self, arg: Any) -> bool:
+    def _path(self, arg: Any, dir_fd: int | None) -> str | None:
+        """The path ``arg`` names (relative to the folder ``dir_fd``), if known."""
         if isinstance(arg, int):
-            return arg in self.fds
-        return isinstance(arg, str | os.PathLike) and os.fspath(arg).startswith(self.root)
+            return self.dirs.get(arg)
+        if not isinstance(arg, str | os.PathLike):
+            return None
+        path = os.fspath(arg)
+        if dir_fd is None or os.path.isabs(path):
+            return str(path)
+        base = self.dirs.get(dir_fd)
+        return None if base is None else os.path.join(base, str(path))
+
+    def _ours(self, arg: Any, dir_fd: int | None = None) -> bool:
+        if isinstance(arg, int) and arg in self.fds:
+            return True
+        path = self._path(arg, dir_fd)
+        return path is not None and path.startswith(self.root)
+
+    def _targets(self, name: str, args: Any, kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
+        if name == "replace":
+            return [(args[0], kwargs.get("src_dir_fd")), (args[1], kwargs.get("dst_dir_fd"))]
+        return [(args[0], kwargs.get("dir_fd"))]
 
     def _wrap(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def fake(*args: Any, **kwargs: Any) -> Any:
-            targets = args[:2] if name == "replace" else args[:1]
-            if any(self._ours(a) for a in targets):
+            ours = any(self._ours(a, d) for a, d in self._targets(name, args, kwargs))
+            if name == "close":
+                self.fds.discard(args[0])
+                self.dirs.pop(args[0], None)
+            if ours:
                 self.calls[name] = self.calls.get(name, 0) + 1
-                if name == "close":
-                    self.fds.discard(args[0])
                 if name in self.failing:
                     if name == "close":
                         real(*args)  # Linux releases the descriptor even when close fails
                     raise OSError(self.code, os.strerror(self.code), str(args[0]))
             result = real(*args, **kwargs)
             if name == "open":
-                self.fds.discard(result)  # a number reused by a file that is not ours
-                if self._ours(args[0]) and str(args[0]).endswith(".kvx"):
-                    self.fds.add(result)
+                self._opened(result, args, kwargs, ours)
             return result
 
         return fake
+
+    def _opened(self, fd: int, args: Any, kwargs: dict[str, Any], ours: bool) -> None:
+        """Note what the new descriptor ``fd`` is (its number may be a reused one)."""
+        self.fds.discard(fd)
+        self.dirs.pop(fd, None)
+        path = self._path(args[0], kwargs.get("dir_fd"))
+        if path is not None and args[1] & os.O_DIRECTORY:
+            self.dirs[fd] = path
+        elif ours and str(path).endswith(".kvx"):
+            self.fds.add(fd)
 
     def fail(self, *names: str) -> None:
         """From now on, these functions fail."""

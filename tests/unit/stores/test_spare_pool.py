@@ -107,13 +107,17 @@ def test_a_spare_is_claimed_once_between_engines(tmp_path: Path) -> None:
     (pool_dir / "one.spare").write_bytes(b"s" * 10)
     first, second = SparePool(pool_dir, 100, 100), SparePool(pool_dir, 100, 100)
     first.scan(), second.scan()
-    claimed = first.claim(tmp_path, ".part")
-    assert claimed is not None
-    fd, path = claimed
-    os.close(fd)
-    assert path.startswith(str(tmp_path)) and path.endswith(".part")
-    assert Path(path).read_bytes() == b"s" * 10  # the spare itself, renamed
-    assert second.claim(tmp_path, ".part") is None
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        claimed = first.claim(dir_fd, ".part")
+        assert claimed is not None
+        fd, name = claimed
+        os.close(fd)
+        assert name.endswith(".part")
+        assert (tmp_path / name).read_bytes() == b"s" * 10  # the spare itself, renamed
+        assert second.claim(dir_fd, ".part") is None
+    finally:
+        os.close(dir_fd)
     assert second.nbytes == 10 and second.scan() == 0  # the next scan sees it gone
 
 
