@@ -13,6 +13,8 @@ Run by ``run_engine_job(module="tests.support.weight_update_engine")``. The job 
         each token's log-probability, and how many tokens it had before the reset.
     {"op": "write_file", "path": p, "data": text}   what a writer of the tier may do;
                                                      ``"data": null`` deletes the file
+    {"op": "namespace"}      the scheduler's StoreConnector's namespace id, in hex (the
+                             engine core runs in this process)
 """
 
 from __future__ import annotations
@@ -87,6 +89,11 @@ def _write_file(step: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _namespace(llm: Any) -> dict[str, Any]:
+    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    return {"namespace": connector._namespace.hex()}
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Run the job: this module's steps here, every other step by ``kvmux.tools.runner``."""
     llm = runner.make_llm(job)
@@ -98,6 +105,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             result = _update_midway(llm, step)
         elif step["op"] == "write_file":
             result = _write_file(step)
+        elif step["op"] == "namespace":
+            result = _namespace(llm)
         else:
             result = runner.run_step(llm, step)
         steps.append({**result, "op": step["op"]})

@@ -255,8 +255,11 @@ class MuxWorker:
             if not guard.closed:
                 args = (forward_context,)
                 method = child.start_load_kv
+                # a child agreeing with the other ranks on its loads must be called on
+                # every rank (a collective), whatever this rank's breaker says
+                agrees = getattr(child, "kvmux_agrees_across_ranks", False) is True
                 outcome = guard.invoke(
-                    "start_load_kv", method, args, _FAILED, "load_seconds", kwargs
+                    "start_load_kv", method, args, _FAILED, "load_seconds", kwargs, agrees
                 )
                 if outcome is _FAILED:
                     self._load_failed(i)

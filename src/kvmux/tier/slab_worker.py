@@ -146,7 +146,8 @@ class SlabWorker(WorkerBase):
     @property
     def copies_by_layer(self) -> bool:
         """Whether loads are copied layer by layer (decided when the KV cache is adopted)."""
-        return bool(self._by_layer) and self._layer_copies is not None
+        # not under a rank agreement: whether a rank copies by layer is its own to decide
+        return bool(self._by_layer) and self._layer_copies is not None and self._agreement is None
 
     def _choose_copies(self, slab: HostSlab) -> None:
         """Copy loads layer by layer where a spare core runs them (the calling thread is

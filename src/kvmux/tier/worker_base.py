@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -19,7 +19,10 @@ from kvmux.tier.fences import InFlightSaves
 from kvmux.tier.loader import AsyncLoader, FinishedLoads
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
 
-__all__ = ["WorkerBase"]
+__all__ = ["RankAgreement", "WorkerBase"]
+
+# every rank's answer to "did each of this step's loads land here?": landed on all ranks
+RankAgreement = Callable[[Sequence[bool]], list[bool]]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,33 @@ class WorkerBase(ABC):
         self._missing: set[BlockKey] = set()
         self._warned: set[str] = set()
         self._in_flight = InFlightSaves()  # saves whose copies a device may still run
+        self._agreement: RankAgreement | None = None  # tensor parallelism: see agree_with_ranks
+
+    @property
+    def agrees_with_ranks(self) -> bool:
+        """Whether ``load`` runs a collective with the other tensor-parallel ranks."""
+        return self._agreement is not None
+
+    def _agree(self, loads: Sequence[BlockTransfer]) -> list[bool]:
+        """Load, then agree with the other ranks, even if the load raised (re-raised after)."""
+        assert self._agreement is not None
+        error: Exception | None = None
+        try:
+            landed = self._load_blocks(loads)
+        except Exception as exc:
+            error, landed = exc, [False] * len(loads)
+        landed = self._agreement(landed)
+        if error is not None:
+            failed = {t.block_id for t in loads}
+            self._load_errors |= failed
+            self._failed_this_step |= failed
+            raise error
+        return landed
+
+    def agree_with_ranks(self, agreement: RankAgreement) -> None:
+        """Under tensor parallelism: a block whose load failed on any rank failed on every
+        rank (the all-reduce spread it), so none saves what was computed over it."""
+        self._agreement = agreement
 
     @abstractmethod
     def register(
@@ -99,7 +129,8 @@ class WorkerBase(ABC):
         self._failed_this_step = set()  # a new step: what failed before is settled
         if not loads or not self.registered:
             return
-        landed = self._load_blocks(loads)
+        # under an agreement every rank has this step's loads: every rank reaches it
+        landed = self._load_blocks(loads) if self._agreement is None else self._agree(loads)
         failed = {t.block_id for t, ok in zip(loads, landed, strict=True) if not ok}
         self._load_errors |= failed
         self._failed_this_step |= failed

@@ -48,6 +48,7 @@ from kvmux.vllm.engine_config import (
 from kvmux.vllm.events import TierEvents, events_enabled
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
 from kvmux.vllm.prom import TierPromMetrics
+from kvmux.vllm.ranks import rank_agreement
 from kvmux.vllm.request_keys import block_extras, prompt_tokens, saves_generated
 from kvmux.vllm.stats import StoreConnectorStats
 
@@ -196,6 +197,9 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 spec.save_queue,
                 spec.signing,
             )
+        agreement = rank_agreement(vllm_config) if self._worker is not None else None
+        if agreement is not None and self._worker is not None:
+            self._worker.agree_with_ranks(agreement)
         log.info(
             "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
         )
@@ -376,6 +380,12 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         plan = self._plan()
         if plan is not None:
             self._worker.save(plan)
+
+    @property
+    def kvmux_agrees_across_ranks(self) -> bool:
+        """Whether ``start_load_kv`` runs a collective with the other tensor-parallel
+        ranks (a MuxConnector then calls it on every rank, past an open breaker)."""
+        return self._worker is not None and self._worker.agrees_with_ranks
 
     @staticmethod
     def kvmux_load_blocks(meta: KVConnectorMetadata) -> list[int]:

@@ -380,6 +380,41 @@ def test_a_sibling_failure_taints_saves_too(make_worker: MakeWorker) -> None:
     assert not store.contains(store_key(K_OTHER, 0))
 
 
+def test_a_load_failed_on_another_rank_taints_this_ranks_saves(make_worker: MakeWorker) -> None:
+    """Tensor parallelism: block 1 landed here but not on the other rank; the all-reduce
+    spread that, so this rank reports it failed and saves nothing computed over it."""
+    store = MemoryStore(1 << 20)
+    _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
+    worker = make_worker(store, _caches("blocks_first", random=True))
+    asked: list[list[bool]] = []
+
+    def other_rank_failed_the_first(landed: Sequence[bool]) -> list[bool]:
+        asked.append(list(landed))
+        return [False, *landed[1:]]
+
+    worker.agree_with_ranks(other_rank_failed_the_first)
+    worker.load([BlockTransfer(K1, 1)])
+    assert asked == [[True]] and worker.take_load_errors() == {1}
+    worker.save(TierStepPlan(saves=[BlockTransfer(K3, 2)], tables={"r": [1, 2]}))
+    worker.flush()
+    assert not store.contains(store_key(K3, 0))
+
+
+def test_a_rank_whose_load_raises_still_agrees(make_worker: MakeWorker) -> None:
+    """The other ranks wait in the collective: a load that raises joins it first."""
+    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=True))
+    asked: list[list[bool]] = []
+    worker.agree_with_ranks(lambda landed: asked.append(list(landed)) or list(landed))
+
+    def broken(transfers: Sequence[BlockTransfer]) -> list[bool]:
+        raise RuntimeError("a bug in a load")
+
+    worker._load_blocks = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        worker.load([BlockTransfer(K1, 1), BlockTransfer(K3, 2)])
+    assert asked == [[False, False]] and worker.take_load_errors() == {1, 2}
+
+
 def test_blocks_computed_over() -> None:
     plan = TierStepPlan(tables={"a": [1, 2, 3, 4], "b": [9, 3, 7], "c": [5, 6]})
     assert plan.blocks_computed_over({3}) == {3, 4, 7}
