@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from blake3 import blake3
 
-from kvmux.checkpoint import checkpoint_identity
 from kvmux.errors import ConfigError
 from kvmux.tier.slab import ROW_ALIGN
+from kvmux.vllm.checkpoint import checkpoint_identity
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig

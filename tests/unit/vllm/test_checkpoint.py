@@ -1,4 +1,4 @@
-"""kvmux.checkpoint: which weights, from their sampled contents."""
+"""kvmux.vllm.checkpoint: which weights, from their sampled contents."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvmux.checkpoint import EDGE_BYTES, SAMPLE_BYTES, SAMPLES, checkpoint_identity
 from kvmux.errors import ConfigError
+from kvmux.vllm.checkpoint import EDGE_BYTES, SAMPLE_BYTES, SAMPLES, checkpoint_identity
 
 
 def _checkpoint(folder: Path, fill: bytes, size: int = 10) -> Path:
