@@ -461,14 +461,19 @@ class RedisStore(KVStore):
 
     def read_generation(self) -> bytes | None:
         """The record under ``<key_prefix>generation`` (its first ``GENERATION_RECORD_MAX +
-        1`` bytes), or None if absent or empty. A key of another type is a StoreError."""
-        value = self._call(
-            "generation",
-            lambda client: client.getrange(self._generation_key, 0, GENERATION_RECORD_MAX),
-        )
+        1`` bytes), or None if absent, empty or of another type (no record: replaced)."""
+        value = self._call("generation", self._read_generation)
         if not isinstance(value, bytes):
-            raise StoreError(f"redis store {self.name!r}: the generation key holds no bytes")
+            return None
         return value or None
+
+    def _read_generation(self, client: Any) -> Any:
+        try:
+            return client.getrange(self._generation_key, 0, GENERATION_RECORD_MAX)
+        except self._errors.ResponseError as exc:  # WRONGTYPE: a writer put a list there
+            if "WRONGTYPE" not in str(exc):
+                raise
+            return None
 
     def write_generation(self, record: bytes) -> None:
         """SET the record: every engine using this prefix follows it."""
