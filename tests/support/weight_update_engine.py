@@ -10,7 +10,9 @@ Run by ``run_engine_job(module="tests.support.weight_update_engine")``. The job 
         rest wait), then perturb the weights and
         ``reset_prefix_cache(reset_running_requests=True, reset_connector=True)`` as an
         RL loop does, and run everything to the end. Each request's result: its tokens,
-        each token's log-probability, and how many tokens it had before the reset.
+        each token's log-probability, and how many tokens it had before the reset (which
+        vLLM refuses while a request waits for an asynchronous load: the engine then
+        steps and asks again).
     {"op": "write_file", "path": p, "data": text}   what a writer of the tier may do;
                                                      ``"data": null`` deletes the file
     {"op": "namespace"}      the scheduler's StoreConnector's namespace id, in hex (the
@@ -56,13 +58,27 @@ def _update_midway(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     latest: dict[str, Any] = {}
     for _ in range(step["steps_before"]):
         latest.update({out.request_id: out for out in engine.step()})
-    before = {name: _token_count(latest.get(name)) for name in names}
     changed = _perturb(llm, step)["parameters"]
-    reset = bool(llm.reset_prefix_cache(reset_running_requests=True, reset_connector=True))
+    reset, refusals = _reset(llm, latest)
+    before = {name: _token_count(latest.get(name)) for name in names}  # at the reset
     while engine.has_unfinished_requests():
         latest.update({out.request_id: out for out in engine.step()})
     requests = [_finished(latest[name], before[name]) for name in names]
-    return {"reset": reset, "parameters": changed, "requests": requests}
+    return {"reset": reset, "refusals": refusals, "parameters": changed, "requests": requests}
+
+
+def _reset(llm: Any, latest: dict[str, Any]) -> tuple[bool, list[str]]:
+    """The README's sequence: vLLM refuses the reset while a request waits for an
+    asynchronous load; step the engine and ask again (nothing was reset)."""
+    refusals: list[str] = []
+    while True:
+        try:
+            return llm.reset_prefix_cache(True, True), refusals
+        except RuntimeError as exc:
+            refusals.append(str(exc))
+            if len(refusals) > 1000:
+                raise
+            latest.update({out.request_id: out for out in llm.llm_engine.step()})
 
 
 def _token_count(output: Any) -> int:

