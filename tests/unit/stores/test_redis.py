@@ -205,6 +205,24 @@ class _SlowStore(MemoryStore):
         return super().count_prefix(keys)
 
 
+def test_lookups_in_flight_of_prompts_sharing_a_first_block_are_not_shared() -> None:
+    """Two prompts of one length whose first blocks agree get each its own answer."""
+    store = _SlowStore()
+    for i in (1, 2):
+        store.put(store_key(BlockKey(_key(i)), 0), b"v")
+    view = RemoteStoreView(store, TierStats(), wait_seconds=0.001)
+    held = [BlockKey(_key(1)), BlockKey(_key(2))]  # both blocks in the tier
+    other = [BlockKey(_key(1)), BlockKey(_key(3))]  # the same first block, then a miss
+    assert view.count_prefix_nowait(held) is None
+    assert view.count_prefix_nowait(other) is None
+    store.release.set()
+    for keys in (held, other):
+        view._in_flight[(keys[-1], 2)].result()
+    assert view.count_prefix_nowait(held) == 2
+    assert view.count_prefix_nowait(other) == 1
+    view.close()
+
+
 def test_slow_lookup_answers_none_until_it_lands() -> None:
     store: KVStore = _SlowStore()
     store.put(store_key(BlockKey(_key(1)), 0), b"v")
