@@ -98,6 +98,9 @@ class MuxWorker:
         self.layer_loads: Sequence[LayerCall] = _NO_LAYER_CALLS
         self.layer_saves: Sequence[LayerCall] = _NO_LAYER_CALLS
         self._load_errors: set[int] = set()
+        # agreeing children left out of the step on this rank only: they still join the
+        # other ranks' collective over the step's loads (see _join_if_agreeing)
+        self._joiners: dict[int, Any] = {}
         self._lost: set[int] = set()  # children whose loads of this step are lost
         self._done_recving: set[str] = set()
         self.refresh_layer_hooks()
@@ -135,6 +138,7 @@ class MuxWorker:
             if plan.async_loaders or plan.async_savers:
                 self._expect(plan)
         left_out: dict[int, bool] | None = None  # child -> whether it is bound
+        self._joiners = {}
         cut = plan.cut_off
         for i, child, guard in self._all:
             meta = child_metas[i]
@@ -148,11 +152,17 @@ class MuxWorker:
                 guard.fail("bind_connector_metadata", exc)
                 left_out = left_out or {}
                 left_out[i] = False
+                self._join_if_agreeing(i, child, meta)
                 continue
-            if (cut and i in cut) or (not guard.closed and guard.cut_off()):
+            if cut and i in cut:  # the scheduler's word: the same on every rank
                 guard.note("skipped_calls")
                 left_out = left_out or {}
                 left_out[i] = True
+            elif not guard.closed and guard.cut_off():  # this rank's own breaker
+                guard.note("skipped_calls")
+                left_out = left_out or {}
+                left_out[i] = True
+                self._join_if_agreeing(i, child, meta)
         if left_out is None:
             self._bound = self._loaders = self._savers = self._all
         else:
@@ -162,6 +172,12 @@ class MuxWorker:
                 self._lose_loads(i)
         if self._per_layer:
             self._pick_layer_calls()
+
+    def _join_if_agreeing(self, i: int, child: Any, meta: Any) -> None:
+        """A child left out of this step on this rank only, that agrees its loads with
+        the other ranks (a collective): it joins them all the same, in ``start_loads``."""
+        if getattr(child, "kvmux_agrees_across_ranks", False) is True:
+            self._joiners[i] = meta
 
     def _expect(self, plan: MuxStepPlan) -> None:
         for req_id, children in plan.async_loaders.items():
@@ -248,18 +264,24 @@ class MuxWorker:
             self._pick_layer_calls()
 
     def start_loads(self, forward_context: Any, kwargs: dict[str, Any]) -> None:
-        """``start_load_kv`` on every child loading this step, timed."""
+        """``start_load_kv`` on every child loading this step, timed; in the children's
+        order, a child that agrees with the other ranks joins them even if left out."""
         clock = time.perf_counter
         started = clock()  # each child's time ends where the next one's starts
-        for i, child, guard in self._loaders:
-            if not guard.closed:
+        loading = {c[0] for c in self._loaders}
+        for i, child, guard in self._all:
+            if i in self._joiners:
+                self._join(i, child)
+                started = clock()
+                continue
+            if i not in loading:
+                continue
+            agrees = getattr(child, "kvmux_agrees_across_ranks", False) is True
+            if not guard.closed and not agrees:  # an agreeing child runs on every rank
                 args = (forward_context,)
                 method = child.start_load_kv
-                # a child agreeing with the other ranks on its loads must be called on
-                # every rank (a collective), whatever this rank's breaker says
-                agrees = getattr(child, "kvmux_agrees_across_ranks", False) is True
                 outcome = guard.invoke(
-                    "start_load_kv", method, args, _FAILED, "load_seconds", kwargs, agrees
+                    "start_load_kv", method, args, _FAILED, "load_seconds", kwargs
                 )
                 if outcome is _FAILED:
                     self._load_failed(i)
@@ -273,6 +295,12 @@ class MuxWorker:
             ended = clock()
             guard.load_seconds += ended - started
             started = ended
+
+    def _join(self, i: int, child: Any) -> None:
+        try:
+            child.kvmux_join_agreement(self._joiners[i])
+        except Exception as exc:
+            self.guards[i].fail("kvmux_join_agreement", exc)
 
     def layer_failed(self, i: int, hook: str, exc: Exception) -> None:
         """Child ``i`` raised ``exc`` in a per-layer hook (a loop over ``layer_loads`` or

@@ -68,6 +68,16 @@ class WorkerBase(ABC):
             raise error
         return landed
 
+    def join_agreement(self, loads: Sequence[BlockTransfer]) -> None:
+        """A rank that cannot load this step (or was left out of it) still joins the
+        collective, with every load failed: the others wait for it, and fail them too."""
+        if self._agreement is None or not loads:
+            return
+        self._agreement([False] * len(loads))
+        failed = {t.block_id for t in loads}
+        self._load_errors |= failed
+        self._failed_this_step |= failed
+
     def agree_with_ranks(self, agreement: RankAgreement) -> None:
         """Under tensor parallelism: a block whose load failed on any rank failed on every
         rank (the all-reduce spread it), so none saves what was computed over it."""
@@ -127,7 +137,10 @@ class WorkerBase(ABC):
     def load(self, loads: Sequence[BlockTransfer]) -> None:
         """Copy every planned block into the KV cache before the forward pass."""
         self._failed_this_step = set()  # a new step: what failed before is settled
-        if not loads or not self.registered:
+        if not loads:
+            return
+        if not self.registered:  # the other ranks still wait in the collective
+            self.join_agreement(loads)
             return
         # under an agreement every rank has this step's loads: every rank reaches it
         landed = self._load_blocks(loads) if self._agreement is None else self._agree(loads)

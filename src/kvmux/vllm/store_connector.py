@@ -387,6 +387,12 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         ranks (a MuxConnector then calls it on every rank, past an open breaker)."""
         return self._worker is not None and self._worker.agrees_with_ranks
 
+    def kvmux_join_agreement(self, meta: KVConnectorMetadata) -> None:
+        """This rank leaves the step's loads out (a MuxConnector's breaker or a failed
+        bind, rank-local): join the other ranks' collective, every load failed."""
+        if self._worker is not None and isinstance(meta, StoreConnectorMetadata):
+            self._worker.join_agreement(meta.plan.loads)
+
     @staticmethod
     def kvmux_load_blocks(meta: KVConnectorMetadata) -> list[int]:
         """Ids of the blocks ``meta`` loads, for a MuxConnector to name if this tier fails."""

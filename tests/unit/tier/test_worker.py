@@ -700,3 +700,15 @@ def test_a_staging_copy_in_flight_holds_back_only_the_step_that_reuses_it(
     assert ordered == []
     worker.fence(TierStepPlan(step=5, fence=4))
     assert ordered == ["step 4"] and not worker._in_flight
+
+
+def test_an_unregistered_rank_joins_the_collective_with_every_load_failed(
+    make_worker: MakeWorker,
+) -> None:
+    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=True))
+    fresh = TierWorker(MemoryStore(1 << 20), namespace_id({"m": 1}), 0, TierStats())
+    asked: list[list[bool]] = []
+    for rank in (worker, fresh):
+        rank.agree_with_ranks(lambda landed: asked.append(list(landed)) or list(landed))
+    fresh.load([BlockTransfer(K1, 1)])  # no KV cache registered: it cannot load
+    assert asked == [[False]] and fresh.take_load_errors() == {1}
