@@ -150,7 +150,17 @@ class DiskStore(KVStore):
             ) from exc
 
     def read_generation(self) -> bytes | None:
-        """The file ``generation`` (at most ``GENERATION_RECORD_MAX + 1`` bytes), or None."""
+        """The file ``generation`` (at most ``GENERATION_RECORD_MAX + 1`` bytes), or None:
+        absent, or something else than a regular file (a planted folder, FIFO or symlink
+        is no record: the engine writes a new one over it)."""
+        try:
+            info = os.lstat(self.root / _GENERATION)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._error("generation", exc) from exc
+        if not stat.S_ISREG(info.st_mode):
+            return None
         fd = self._open_file(self.root / _GENERATION, "generation", follow_folder=True)
         if fd is None:
             return None
@@ -164,9 +174,21 @@ class DiskStore(KVStore):
             try:
                 with open_dir(self._tmp) as tmp_fd, open_dir(self.root, follow=True) as root_fd:
                     tmp_name = self._write_temp(tmp_fd, (record,), len(record))
+                    self._clear_planted_folder(root_fd, tmp_fd)
                     self._rename(tmp_fd, tmp_name, root_fd, _GENERATION)
             except OSError as exc:
                 raise self._error("generation", exc) from exc
+
+    @staticmethod
+    def _clear_planted_folder(root_fd: int, tmp_fd: int) -> None:
+        """A folder where the generation file goes cannot be replaced: move it into tmp/."""
+        try:
+            info = os.lstat(_GENERATION, dir_fd=root_fd)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            aside = f"planted-{secrets.token_hex(8)}"
+            os.rename(_GENERATION, aside, src_dir_fd=root_fd, dst_dir_fd=tmp_fd)
 
     def _path(self, key: bytes) -> Path:
         name = key.hex()

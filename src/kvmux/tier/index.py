@@ -169,7 +169,8 @@ class SharedStoreView(TierView):
     def __init__(self, store: KVStore, stats: TierStats, signing: SigningKeys | None = None):
         self._store = store
         self._stats = stats
-        self._generations = GenerationTracker(signing)  # where this engine is, what it left
+        self._generations = GenerationTracker(signing)  # where this engine is
+        self._record_lock = threading.Lock()  # a reset's record and write-backs, one at a time
         self._failing: set[str] = set()  # kinds of call failing now (logged once)
         self._recent = RecentSaves()
         self._lost = LostKeys()
@@ -228,21 +229,29 @@ class SharedStoreView(TierView):
             if raw is not None:
                 log.warning(
                     "kvmux tier %s: the generation record is not valid or names a generation "
-                    "left; moving on, never back",
+                    "before this engine's; writing this engine's",
                     self._store.name,
                 )
-            self._guarded("generation", partial(self._store.write_generation, write_back), None)
+            with self._record_lock:  # never over a reset's record: one writer at a time
+                if self._generations.is_current(write_back):
+                    self._write_record(write_back, "generation")
         return current
 
-    def reset(self) -> bool:
-        """Move to a new generation at once; False if the store could not record it (this
-        engine then serves nothing stored before, but other engines do not follow)."""
-        record = self._generations.reset()
-        self._recent.clear()
-        self._lost.clear()
+    def _write_record(self, record: bytes, what: str) -> bool:
         failed = object()
-        written = self._guarded("reset", partial(self._store.write_generation, record), failed)
+        written = self._guarded(what, partial(self._store.write_generation, record), failed)
         return written is not failed
+
+    def reset(self) -> bool:
+        """Move to a new generation at once, past the store's; False if the store could
+        not record it (this engine then serves nothing stored before, but other engines
+        do not follow)."""
+        with self._record_lock:
+            raw = self._guarded("reset", self._store.read_generation, None)
+            record = self._generations.reset(raw)
+            self._recent.clear()
+            self._lost.clear()
+            return self._write_record(record, "reset")
 
     def _guarded(self, what: str, call: Callable[[], T], default: T) -> T:
         """``call()``; any failure of the store (a StoreError, or a bug) gives ``default``.
@@ -293,7 +302,7 @@ class RemoteStoreView(SharedStoreView):
         super().__init__(store, stats, signing)
         self._wait = wait_seconds
         self._pool = ThreadPoolExecutor(2, thread_name_prefix=f"kvmux-{store.name}-lookup")
-        self._in_flight: dict[tuple[bytes, int], Future[int]] = {}  # by (last key, length)
+        self._in_flight: dict[tuple[bytes, bytes, int], Future[int]] = {}  # (ends, length)
         self._refresh: Future[bytes | None] | None = None
         self._refreshed_at = time.monotonic()
         super().generation()  # once at start, bounded by the socket timeouts
@@ -315,7 +324,7 @@ class RemoteStoreView(SharedStoreView):
         """Start or collect a batched lookup; None while it is in flight."""
         if not keys:
             return 0
-        token = (keys[-1], len(keys))  # the last key is chained over every block before it
+        token = (keys[0], keys[-1], len(keys))  # a window's keys come last block first
         future = self._in_flight.get(token)
         if future is None:
             if len(self._in_flight) >= self._MAX_IN_FLIGHT:

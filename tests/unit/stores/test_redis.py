@@ -217,7 +217,7 @@ def test_lookups_in_flight_of_prompts_sharing_a_first_block_are_not_shared() -> 
     assert view.count_prefix_nowait(other) is None
     store.release.set()
     for keys in (held, other):
-        view._in_flight[(keys[-1], 2)].result()
+        view._in_flight[(keys[0], keys[-1], 2)].result()
     assert view.count_prefix_nowait(held) == 2
     assert view.count_prefix_nowait(other) == 1
     view.close()
@@ -231,7 +231,7 @@ def test_slow_lookup_answers_none_until_it_lands() -> None:
     assert view.count_prefix_nowait(keys) is None  # in flight: vLLM asks again next step
     assert view.count_prefix_nowait(keys) is None
     store.release.set()  # type: ignore[attr-defined]
-    view._in_flight[(keys[-1], 2)].result()
+    view._in_flight[(keys[0], keys[-1], 2)].result()
     assert view.count_prefix_nowait(keys) == 1
     view.close()
 

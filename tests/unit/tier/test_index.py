@@ -10,7 +10,7 @@ from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores import MemoryStore
-from kvmux.tier.generation import decode_record, encode_record
+from kvmux.tier.generation import decode_generation, decode_record, encode_record
 from kvmux.tier.index import (
     LostKeys,
     MirrorIndex,
@@ -318,3 +318,82 @@ def test_saves_in_flight_are_not_offered_while_the_store_is_down() -> None:
     keys = [BlockKey(_k(i)) for i in range(2)]
     view.record_saved(keys)
     assert view.count_prefix(keys) == 0  # the load could not reach them either
+
+
+class SlowRecordWrites(MemoryStore):
+    """A store whose generation writes from a lookup thread wait for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20, name="slow")
+        self.gate = threading.Event()
+        self.writing = threading.Event()
+
+    def write_generation(self, record: bytes) -> None:
+        if threading.current_thread().name.startswith("kvmux-slow-lookup"):
+            self.writing.set()
+            self.gate.wait(5)
+        super().write_generation(record)
+
+
+def test_a_write_back_in_flight_never_lands_over_a_reset() -> None:
+    store = SlowRecordWrites()
+    view = RemoteStoreView(store, TierStats(), wait_seconds=0.01)
+    try:
+        view.generation()
+        store.write_generation(b"garbage")  # the refresh will write a new record back
+        view._refreshed_at -= 10
+        view.generation()
+        assert store.writing.wait(5)
+        threading.Timer(0.2, store.gate.set).start()  # the slow write ends during the reset
+        assert view.reset()
+        after = view.generation()
+        assert view._refresh is not None
+        view._refresh.result(5)
+        assert decode_record(store.read_generation(), None) == after == view.generation()
+    finally:
+        view.close()
+
+
+def test_engines_converge_and_never_go_back() -> None:
+    store = MemoryStore(1 << 20)
+    one, other = SharedStoreView(store, TierStats()), SharedStoreView(store, TierStats())
+    first = one.generation()
+    assert other.generation() == first
+    stale = store.read_generation()
+    assert other.reset()
+    moved = one.generation()
+    assert moved != first and other.generation() == moved
+    for _ in range(5000):  # a writer floods the record: each read moves forward
+        store.write_generation(b"garbage")
+        one.generation()
+    store.write_generation(stale)  # then replays the record from before the reset
+    assert one.generation() not in (None, first)
+    assert decode_record(store.read_generation(), None) == one.generation()
+    assert other.generation() == one.generation()  # the other follows the greater one
+
+
+def test_a_reset_moves_past_what_the_tier_holds() -> None:
+    store = MemoryStore(1 << 20)
+    behind, ahead = SharedStoreView(store, TierStats()), SharedStoreView(store, TierStats())
+    behind.generation()
+    for _ in range(3):
+        ahead.reset()  # three resets the other engine has not read yet
+    assert behind.reset()
+    assert ahead.generation() == behind.generation()  # its reset reached the other
+
+
+def test_decode_refuses_what_no_engine_writes() -> None:
+    good = encode_record(FOUR, None, 7)
+    assert decode_generation(good, None) == (7, FOUR)
+    for bad in (
+        encode_record(bytes(16), None),  # the all-zero id
+        good.replace(b" 7 ", b" 07 "),
+        good.replace(b" 7 ", b" -7 "),
+        good.replace(b" 7 ", b" " + str(2**64).encode() + b" "),
+        good + b"x",
+        good.replace(b"v2", b"v1"),
+        None,
+        7,
+        [good],
+    ):
+        assert decode_generation(bad, None) is None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvmux.config import parse_capacity
 from kvmux.stores import DiskStore
-from kvmux.tier.generation import encode_record, new_generation
+from kvmux.tier.generation import decode_generation, encode_record, new_generation
 
 __all__ = ["DISK_CAPACITY", "fill_disk", "forget_disk"]
 
@@ -42,6 +42,8 @@ def fill_disk(path: Path, entry_bytes: int, capacity: str = DISK_CAPACITY) -> in
 def forget_disk(path: Path, capacity: str = DISK_CAPACITY) -> bytes:
     """Move the disk tier at ``path`` to a new generation: its entries are never served
     again, and evicted first; the new generation's id."""
-    generation = new_generation()
-    _store(path, capacity).write_generation(encode_record(generation, None))
+    store, generation = _store(path, capacity), new_generation()
+    before = decode_generation(store.read_generation(), None)
+    sequence = 1 if before is None else before[0] + 1  # past the tier's: engines follow it
+    store.write_generation(encode_record(generation, None, sequence))
     return generation
