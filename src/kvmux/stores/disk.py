@@ -491,7 +491,10 @@ class DiskStore(KVStore):
     def _evict(self, keep: Path) -> None:
         """Rescan the directory (other engines write too) and drop the oldest files."""
         with self._lock:
-            entries = sorted(self._entries())
+            largest = self._largest()
+            # files no engine of this tier could have written (a planted huge or sparse
+            # one) go first, so they never cost the entries their room
+            entries = sorted(self._entries(), key=lambda e: (e[1] <= largest, e[0]))
             used = sum(size for _, size, _ in entries)
             self._unscanned = 0
             if used + self._spares.scan() > self.capacity:  # entries and spares share it
@@ -499,7 +502,13 @@ class DiskStore(KVStore):
                 for _, size, path in entries:
                     if used <= budget:
                         break
-                    if path != keep and self._retire(path, size):
+                    if path == keep:
+                        continue
+                    if size > largest:  # no spare either: removed
+                        removed = remove_file(path) is None
+                    else:
+                        removed = self._retire(path, size)
+                    if removed:
                         used -= size
             self._used = used
 

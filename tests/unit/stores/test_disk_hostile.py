@@ -525,3 +525,18 @@ def test_a_generation_that_is_no_file_is_no_record_and_is_replaced(
     assert store.read_generation() is None
     store.write_generation(b"ours")
     assert store.read_generation() == b"ours"
+
+
+def test_a_planted_huge_file_is_evicted_before_any_entry(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "kv", 1 << 20)
+    store.limit_values(64 << 10)
+    for i in range(4):
+        assert store.put(bytes([i]) * 16, bytes(32 << 10))
+    planted = store.root / "ab" / ("ab" * 16 + ".kvx")
+    planted.parent.mkdir(exist_ok=True)
+    with planted.open("wb") as handle:
+        handle.truncate(8 << 30)  # sparse, far over the budget
+    for i in range(10, 20):  # writes rescan the directory: over budget, it evicts
+        assert store.put(bytes([i]) * 16, bytes(32 << 10))
+    assert not planted.exists()
+    assert all(store.contains(bytes([i]) * 16) for i in (0, 1, 2, 3, *range(10, 20)))
