@@ -62,10 +62,11 @@ def assert_same_logprobs(step: dict[str, Any], reference: dict[str, Any], index:
 
 @pytest.fixture(scope="module")
 def clean_entries(run_job: Run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The entries a clean run stores for LONG."""
+    """The entries a clean run stores for LONG, and its tier's generation record (a tier
+    that starts from it keys blocks as this one did: entries compare by file name)."""
     clean = tmp_path_factory.mktemp("clean-disk")
     run_job([generate(LONG)], kv=store_kv(disk(clean)), enable_prefix_caching=False)
-    return entries(clean)
+    return {"entries": entries(clean), "generation": (clean / "generation").read_bytes()}
 
 
 @pytest.mark.parametrize("layout", ["in-process", "multi-process"])
@@ -80,6 +81,8 @@ def test_blocks_computed_over_a_failed_load_are_not_stored(
     stored over it, and every block is stored exactly as a clean run stores it. Also in
     vLLM's default layout, with the engine core in a process of its own."""
     dirty = tmp_path / "dirty"
+    dirty.mkdir()
+    (dirty / "generation").write_bytes(clean_entries["generation"])
     steps = [
         generate(HEAD),
         {"op": "corrupt", "path": str(dirty), "count": 1},
@@ -99,7 +102,7 @@ def test_blocks_computed_over_a_failed_load_are_not_stored(
     assert served["num_cached_tokens"] == [13 * BLOCK]
     assert_same_logprobs(failing, reference, 0)
     assert_same_logprobs(served, reference, 0)
-    want, got = clean_entries, entries(dirty)
+    want, got = clean_entries["entries"], entries(dirty)
     assert len(want) == 13
     assert set(got) == set(want)  # the corrupt block was stored again once recomputed
     worst = max(float((got[name] - want[name]).abs().max()) for name in want)
