@@ -146,7 +146,9 @@ class GenerationTracker:
                 return self.current, None
             if named is not None and named == self._current:
                 return self.current, None
-            if named is None:  # no valid record: a new generation, past the current one
+            # an absent record (a server restarted empty) is written back as it was; one
+            # that is there but not valid gives way to a new generation
+            if named is None and (raw is not None or self._current is None):
                 self._current = (self._next_sequence(), new_generation())
             return self.current, self._record()
 
