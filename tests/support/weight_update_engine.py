@@ -1,6 +1,6 @@
 """Run a scripted engine that moves its weights while requests run and wait; print JSON.
 
-Run by ``run_engine_job(module="tests.support.weight_update_engine")``. The job is
+Run by ``run_scripted_job`` in a fresh process. The job is
 ``kvmux.tools.runner``'s; besides its steps it knows:
 
     {"op": "perturb", "scale": s}     multiply every weight by ``s`` (a weight update)
@@ -25,8 +25,23 @@ from pathlib import Path
 from typing import Any
 
 from kvmux.tools import runner
+from kvmux.tools.engine import run_engine_job
 
-__all__ = ["perturb_weights"]
+__all__ = ["perturb_weights", "run_scripted_job"]
+
+REPO = Path(__file__).resolve().parents[2]  # where ``tests`` is importable
+
+
+def run_scripted_job(
+    model: str,
+    engine: dict[str, Any],
+    kv: dict[str, Any] | None,
+    steps: list[dict[str, Any]],
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """Run ``steps`` (this module's and ``kvmux.tools.runner``'s) on a fresh engine."""
+    job = {"model": model, "engine": engine, "kv": kv, "steps": steps}
+    return run_engine_job(job, env=env, module="tests.support.weight_update_engine", cwd=REPO)
 
 
 def perturb_weights(worker: Any, scale: float) -> int:

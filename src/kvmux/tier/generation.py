@@ -28,6 +28,7 @@ __all__ = [
     "GENERATION_BYTES",
     "Generation",
     "GenerationTracker",
+    "decode_generation",
     "decode_record",
     "encode_record",
     "new_generation",
@@ -117,11 +118,6 @@ class GenerationTracker:
         """The generation id new requests are keyed in; None until one is known."""
         current = self._current
         return None if current is None else current[1]
-
-    def record(self) -> bytes | None:
-        """The record of the current generation (what this engine writes back)."""
-        with self._lock:
-            return self._record()
 
     def _record(self) -> bytes | None:
         current = self._current

@@ -16,7 +16,6 @@ import pytest
 
 from kvmux.keys import block_keys, generation_namespace, store_key
 from kvmux.tier.generation import decode_record
-from kvmux.tools.engine import run_engine_job
 from tests.integration.conftest import (
     BASE_ENGINE,
     ENGINE_ENV,
@@ -25,6 +24,7 @@ from tests.integration.conftest import (
     results,
     store_kv,
 )
+from tests.support.weight_update_engine import run_scripted_job
 
 pytestmark = pytest.mark.vllm
 
@@ -40,14 +40,11 @@ TP_ENV = {
     "OMP_NUM_THREADS": "1",
 }
 ENGINE = {**BASE_ENGINE, "enable_prefix_caching": False, "tensor_parallel_size": 2}
-MODULE = "tests.support.weight_update_engine"
-REPO = Path(__file__).resolve().parents[3]
 SETTLE = {"op": "sleep", "seconds": 1.0}  # the writer threads store what was saved
 
 
 def _run(model: str, kv: dict[str, Any] | None, steps: list[dict[str, Any]]) -> dict[str, Any]:
-    job = {"model": model, "engine": ENGINE, "kv": kv, "steps": steps}
-    return run_engine_job(job, env=TP_ENV, module=MODULE, cwd=REPO)
+    return run_scripted_job(model, ENGINE, kv, steps, TP_ENV)
 
 
 def _shard_path(folder: Path, namespace: str, block: int, rank: int) -> Path:

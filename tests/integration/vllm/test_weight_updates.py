@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.engine import run_engine_job
 from tests.integration.conftest import (
     BASE_ENGINE,
     ENGINE_ENV,
@@ -26,6 +25,7 @@ from tests.integration.conftest import (
     store_kv,
 )
 from tests.integration.vllm.test_mux_connector import mux
+from tests.support.weight_update_engine import run_scripted_job
 
 pytestmark = pytest.mark.vllm
 
@@ -41,13 +41,10 @@ ENGINE = {
     "num_gpu_blocks_override": 14,
     "max_model_len": 1536,
 }
-MODULE = "tests.support.weight_update_engine"
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _run(model: str, kv: dict[str, Any] | None, steps: list[dict[str, Any]]) -> dict[str, Any]:
-    job = {"model": model, "engine": ENGINE, "kv": kv, "steps": steps}
-    return run_engine_job(job, env=ENGINE_ENV, module=MODULE, cwd=REPO)
+    return run_scripted_job(model, ENGINE, kv, steps, ENGINE_ENV)
 
 
 def _disk(path: Path) -> dict[str, Any]:
