@@ -52,6 +52,7 @@ _CAPACITY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _CAPACITY_HELP = (
     "a positive integer of bytes or a number with B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
 )
+_SAVE_QUEUE_HELP = f'"auto" or {_CAPACITY_HELP}'
 
 
 def parse_capacity(value: Any, key: str) -> int:
@@ -72,16 +73,13 @@ def parse_capacity(value: Any, key: str) -> int:
     return size
 
 
-DEFAULT_SAVE_QUEUE = 256 * 2**20
-
-
 @dataclass(frozen=True)
 class MemorySpec:
     """Host memory in the worker process, LRU within a byte budget."""
 
     capacity: int  # byte budget, never exceeded
     name: str = "memory"  # label used in logs and stats
-    save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    save_queue: int | None = None  # host bytes of saves in flight (None: sized to the engine)
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
     epoch: str = ""  # the operator's label of what was stored: a new one serves nothing older
@@ -96,7 +94,7 @@ class DiskSpec:
     capacity: int  # byte budget; oldest entries are evicted past it
     name: str = "disk"  # label used in logs and stats
     direct_writes: bool = False  # True: write entries around the page cache (O_DIRECT)
-    save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    save_queue: int | None = None  # host bytes of saves in flight (None: sized to the engine)
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
     epoch: str = ""  # the operator's label of what was stored: a new one serves nothing older
@@ -122,7 +120,7 @@ class RedisSpec:
     key: str | None = None  # TLS: client key path
     lookup_wait: float = 0.005  # seconds the scheduler waits for a lookup before asking again
     breaker_seconds: float = 1.0  # first back-off after the server failed
-    save_queue: int = DEFAULT_SAVE_QUEUE  # host bytes of saves awaiting the store; past it: dropped
+    save_queue: int | None = None  # host bytes of saves in flight (None: sized to the engine)
     async_loads: str = "auto"  # auto | always | never: loads off the forward path (see ASYNC_LOADS)
     offload_prompt_only: bool = True  # save prompt blocks only; False: generated blocks too
     epoch: str = ""  # the operator's label of what was stored: a new one serves nothing older
@@ -285,8 +283,15 @@ def _signing_text(source: str, value: str, path: str) -> str:
         raise ConfigError(path, f"cannot read {value}: {exc}") from exc
 
 
-def _save_queue(spec: Mapping[str, Any], where: str) -> int:
-    return parse_capacity(spec.get("save_queue", DEFAULT_SAVE_QUEUE), f"{where}.save_queue")
+def _save_queue(spec: Mapping[str, Any], where: str) -> int | None:
+    """A byte bound set by the operator, or None ("auto", the default): sized to the engine."""
+    value = spec.get("save_queue", "auto")
+    if value == "auto":
+        return None
+    try:
+        return parse_capacity(value, f"{where}.save_queue")
+    except ConfigError as exc:
+        raise ConfigError(exc.key, exc.problem, _SAVE_QUEUE_HELP) from None
 
 
 def _positive_number(spec: Mapping[str, Any], key: str, default: float, where: str) -> float:

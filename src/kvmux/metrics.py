@@ -30,7 +30,7 @@ class TierStats:
     saved_blocks: int = 0  # blocks written to the store
     save_errors: int = 0  # blocks that could not be written (dropped)
     tainted_saves: int = 0  # blocks not saved: computed over a block that failed to load
-    dropped_saves: int = 0  # blocks not saved: the save queue was full (the store is slow)
+    dropped_saves: int = 0  # blocks not saved: the save queue was full (see save_queue)
     store_errors: int = 0  # store calls that raised (lookups included)
     bytes_loaded: int = 0
     bytes_saved: int = 0

@@ -307,11 +307,13 @@ def test_specs_are_hashable_values() -> None:
     ],
 )
 def test_every_store_takes_a_save_queue_bound(raw: dict[str, Any]) -> None:
-    assert parse_store_spec(raw).save_queue == 256 * 2**20
+    assert parse_store_spec(raw).save_queue is None  # follows the engine
+    assert parse_store_spec({**raw, "save_queue": "auto"}).save_queue is None
     assert parse_store_spec({**raw, "save_queue": "64MiB"}).save_queue == 64 * 2**20
     with pytest.raises(ConfigError) as info:
         parse_store_spec({**raw, "save_queue": "lots"})
     assert info.value.key == "store.save_queue"
+    assert info.value.accepted.startswith('"auto" or a positive integer of bytes')
 
 
 def test_signing_keys_come_from_an_environment_variable_or_a_file(

@@ -21,7 +21,6 @@ import torch
 
 from kvmux import codec
 from kvmux.codec import DecodedEntry, LayerSpec, SigningKeys
-from kvmux.config import DEFAULT_SAVE_QUEUE
 from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
 from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
@@ -29,6 +28,7 @@ from kvmux.stores.base import KVStore, ValueParts, value_nbytes
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.read_buffers import ReadBuffers
+from kvmux.tier.save_queue import SaveQueueSize, SaveQueueSizing
 from kvmux.tier.slab import HostSlab
 from kvmux.tier.threads import in_background
 from kvmux.tier.transfer import BlockMover, CopyStream, group_movers
@@ -68,7 +68,7 @@ class TierWorker(WorkerBase):
         namespace: bytes,
         rank: int,
         stats: TierStats,
-        save_queue: int = DEFAULT_SAVE_QUEUE,
+        save_queue: int | SaveQueueSizing | None = None,
         signing: SigningKeys | None = None,
     ):
         super().__init__(store.name, rank, stats)
@@ -83,7 +83,12 @@ class TierWorker(WorkerBase):
             _READERS, thread_name_prefix=f"kvmux-{store.name}-read", initializer=in_background
         )
         self._pending: dict[bytes, Future[None]] = {}  # guarded by _lock
-        self._save_queue = save_queue  # bound of host bytes copied out and not yet written
+        # what bounds the host bytes copied out and not yet written (sized at register)
+        self._sizing = (
+            save_queue if isinstance(save_queue, SaveQueueSizing) else SaveQueueSizing(save_queue)
+        )
+        self._save_queue = 0  # that bound in bytes, once the KV cache is registered
+        self.save_queue_size: SaveQueueSize | None = None  # the same, with what it holds
         self._queued_bytes = 0  # guarded by _lock
         self._group_bytes: list[int] = []  # host bytes of one block of each group's layers
         self._staging: HostSlab | None = None  # slots saves are copied into (the save queue)
@@ -120,6 +125,7 @@ class TierWorker(WorkerBase):
             self._store.limit_values(largest_entry)
         # as many slots as blocks of the smallest group fit in the save queue (a slot holds
         # a block of any group; vLLM's groups are of one size, the queue's bytes then)
+        self._size_save_queue()
         slots = self._save_queue // max(1, min(self._group_bytes, default=1))
         slots = min(slots, MAX_STAGING_SLOTS)
         if self._movers and slots:
@@ -129,6 +135,13 @@ class TierWorker(WorkerBase):
             device = self._movers[0].device
             host = sum(self._group_bytes) if device.type == "cpu" else None
             self._loader.use(CopyStream(device), host)
+
+    def _size_save_queue(self) -> None:
+        """Size the save queue to this rank's blocks and log it once."""
+        size = self._sizing.size(sum(self._group_bytes))
+        self.save_queue_size, self._save_queue = size, size.bytes
+        if self._movers:
+            log.info("kvmux tier %s: save queue: %s", self._store.name, size.describe())
 
     def _load_async_batch(self, transfers: Sequence[BlockTransfer]) -> list[bool]:
         """On a loader thread: the blocks read in turn, not on reader threads."""
@@ -298,9 +311,14 @@ class TierWorker(WorkerBase):
             self._stats.add(dropped_saves=len(dropped))
             self._warn_once(
                 "queue",
-                "kvmux tier %s: save queue full (%d bytes waiting), dropping saves",
+                "kvmux tier %s: save queue full (%d of %d bytes waiting), dropping %d block "
+                "saves (counted as dropped_saves): the store is slower than the engine, or "
+                'a step saves more than the queue holds; raise "save_queue" in this tier\'s '
+                "config to keep them",
                 self._store.name,
                 queued,
+                self._save_queue,
+                len(dropped),
             )
         return admitted, slots
 

@@ -21,6 +21,7 @@ class ModelSize:
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
+    head_dim: int | None = None  # None: hidden_size / num_attention_heads
 
 
 MODEL_SIZES = {
@@ -28,6 +29,9 @@ MODEL_SIZES = {
     "demo": ModelSize(4, 512, 8, 4, 1408, 8192, 8192),
     "bench": ModelSize(8, 1024, 8, 4, 2816, 32000, 16384),
     "llama-1b": ModelSize(16, 2048, 32, 8, 8192, 128256, 32768),  # Llama 3.2 1B's shape
+    # Llama 3.1 8B's KV bytes per token (32 layers x 8 KV heads of 128: 256 KiB in fp32)
+    # in 4 layers x 64 KV heads of 128, at a fraction of its weights
+    "llama-8b-kv": ModelSize(4, 512, 64, 64, 1024, 1024, 8192, head_dim=128),
 }
 
 

@@ -11,6 +11,7 @@ import torch
 from blake3 import blake3
 
 from kvmux.errors import ConfigError
+from kvmux.tier.save_queue import SaveQueueSizing, host_memory_bytes
 from kvmux.tier.slab import ROW_ALIGN
 from kvmux.vllm.checkpoint import checkpoint_identity
 
@@ -23,6 +24,7 @@ __all__ = [
     "engine_namespace",
     "group_windows",
     "prefer_recompute",
+    "save_queue_sizing",
     "saves_copy_async",
     "slab_slot_bytes",
 ]
@@ -183,3 +185,18 @@ def prefer_recompute(kv_transfer_config: KVTransferConfig, fail_on_load_error: b
     """A best-effort cache: a failed load is recomputed unless the user asked to fail."""
     if not fail_on_load_error:
         kv_transfer_config.kv_load_failure_policy = "recompute"
+
+
+def save_queue_sizing(
+    vllm_config: VllmConfig, configured: int | None, block_size: int
+) -> SaveQueueSizing:
+    """What a tier's save queue follows: ``configured`` bytes, or this engine's batch."""
+    parallel = vllm_config.parallel_config
+    nodes = max(1, int(getattr(parallel, "nnodes", 1) or 1))
+    return SaveQueueSizing(
+        configured,
+        batched_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens or 0),
+        block_size=block_size,
+        ranks_on_host=max(1, int(parallel.world_size) // nodes),
+        host_bytes=host_memory_bytes(),
+    )

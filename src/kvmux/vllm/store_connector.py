@@ -42,6 +42,7 @@ from kvmux.vllm.engine_config import (
     engine_namespace,
     group_windows,
     prefer_recompute,
+    save_queue_sizing,
     saves_copy_async,
     slab_slot_bytes,
 )
@@ -194,7 +195,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self._namespace,
                 _worker_rank(),
                 self.stats,
-                spec.save_queue,
+                save_queue_sizing(vllm_config, spec.save_queue, self._block_size),
                 spec.signing,
             )
         agreement = rank_agreement(vllm_config) if self._worker is not None else None

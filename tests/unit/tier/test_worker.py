@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 
 from kvmux import codec  # noqa: E402
 from kvmux.codec import SigningKeys  # noqa: E402
-from kvmux.config import DEFAULT_SAVE_QUEUE  # noqa: E402
 from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
@@ -59,7 +58,7 @@ def make_worker() -> Iterator[MakeWorker]:
         namespace: bytes = NS,
         rank: int = 0,
         stats: TierStats | None = None,
-        save_queue: int = DEFAULT_SAVE_QUEUE,
+        save_queue: int | None = None,
     ) -> TierWorker:
         stats = stats if stats is not None else TierStats()
         worker = TierWorker(store, namespace, rank, stats, save_queue=save_queue)
