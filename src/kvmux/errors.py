@@ -24,6 +24,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "UnkeyableInput",
+    "UnsupportedLayout",
     "UnverifiedEntry",
 ]
 
@@ -68,3 +69,7 @@ class UnkeyableInput(KvmuxError):
 
 class UnverifiedEntry(CorruptEntry):
     """Signing is on and an entry is unsigned, signed with an unknown key, or forged."""
+
+
+class UnsupportedLayout(KvmuxError, ValueError):
+    """A KV cache tensor is laid out in a way kvmux does not know how to index by block."""

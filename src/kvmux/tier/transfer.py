@@ -26,7 +26,7 @@ import numpy
 import torch
 
 from kvmux.codec import DecodedEntry, LayerSpec
-from kvmux.errors import CorruptEntry
+from kvmux.errors import CorruptEntry, UnsupportedLayout
 
 __all__ = ["BlockMover", "CopyStream", "group_movers"]
 
@@ -47,12 +47,27 @@ warnings.filterwarnings(
 )
 
 
+_KNOWN_LAYOUTS = (
+    "blocks first ([blocks, ...]: FlashInfer, MLA, the CPU backend) or second "
+    "([2, blocks, ...]: FlashAttention)"
+)
+
+
 def _block_dim(tensor: torch.Tensor, num_blocks: int | None) -> int:
-    if num_blocks is not None:
-        for dim in (0, 1):
-            if tensor.dim() > dim and tensor.shape[dim] == num_blocks:
-                return dim
-    return 0
+    """The dimension that indexes blocks: 0 or 1, wherever it has ``num_blocks`` entries.
+
+    Without ``num_blocks`` (an engine that does not say), blocks come first. A tensor with
+    neither dimension of ``num_blocks`` raises UnsupportedLayout, naming its shape.
+    """
+    if num_blocks is None:
+        return 0
+    for dim in (0, 1):
+        if tensor.dim() > dim and tensor.shape[dim] == num_blocks:
+            return dim
+    raise UnsupportedLayout(
+        f"KV cache tensor of shape {tuple(tensor.shape)} has no dimension of {num_blocks} "
+        f"blocks at 0 or 1; kvmux copies only {_KNOWN_LAYOUTS}"
+    )
 
 
 class BlockMover:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from kvmux import codec  # noqa: E402
 from kvmux.codec import LayerSpec  # noqa: E402
-from kvmux.errors import CorruptEntry  # noqa: E402
+from kvmux.errors import CorruptEntry, UnsupportedLayout  # noqa: E402
 from kvmux.keys import namespace_id  # noqa: E402
 from kvmux.tier.transfer import BlockMover  # noqa: E402
 
@@ -46,6 +48,23 @@ def test_layer_specs(layout: str) -> None:
 def test_block_dimension_defaults_to_zero_without_num_blocks() -> None:
     mover = BlockMover(_caches("blocks_second"), None)
     assert mover.layer_specs[0].shape == (NUM_BLOCKS, 4, 8)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(4, 2, 16, 2, 8), (NUM_BLOCKS + 1, 16, 8)],  # blocks third; no dimension of NUM_BLOCKS
+)
+def test_an_unknown_layout_fails_loudly_with_its_shape(shape: tuple[int, ...]) -> None:
+    with pytest.raises(UnsupportedLayout, match=re.escape(str(shape))):
+        BlockMover({"layer.0": torch.zeros(shape)}, NUM_BLOCKS)
+
+
+def test_gpu_layouts_find_their_block_dimension() -> None:
+    flash_attention = torch.zeros(2, NUM_BLOCKS, 16, 2, 8)  # [2, blocks, size, heads, dim]
+    flash_infer = torch.zeros(NUM_BLOCKS, 2, 16, 2, 8)  # [blocks, 2, size, heads, dim]
+    mla = torch.zeros(NUM_BLOCKS, 16, 8)  # [blocks, size, latent]
+    for tensor, dim in ((flash_attention, 1), (flash_infer, 0), (mla, 0)):
+        assert BlockMover({"layer.0": tensor}, NUM_BLOCKS).kv_layers[0][1] == dim
 
 
 def test_copy_out(layout: str) -> None:
