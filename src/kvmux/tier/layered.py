@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kvmux.tier.threads import in_background
-
 __all__ = ["LayerCopies", "LayerOutcome"]
 
 
@@ -45,8 +43,10 @@ class LayerCopies:
     """Runs each step's per-layer copies, in order, on a helper thread of its own."""
 
     def __init__(self, name: str):
+        from kvmux.tier.transfer import on_this_device  # worker side: torch is there
+
         self._pool = ThreadPoolExecutor(
-            1, thread_name_prefix=f"kvmux-{name}-layers", initializer=in_background
+            1, thread_name_prefix=f"kvmux-{name}-layers", initializer=on_this_device()
         )
         self._step: _Step | None = None
 

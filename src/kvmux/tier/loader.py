@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvmux.tier.plan import BlockTransfer, RequestLoad
-from kvmux.tier.threads import in_background
-from kvmux.tier.transfer import CopyStream
+from kvmux.tier.transfer import CopyStream, on_this_device
 
 __all__ = ["AsyncLoader", "FinishedLoads", "StepBudget"]
 
@@ -110,7 +109,7 @@ class AsyncLoader:
         self._size_of = size_of
         self._name = name
         self._pool = ThreadPoolExecutor(
-            LOADERS, thread_name_prefix=f"kvmux-{name}-load", initializer=in_background
+            LOADERS, thread_name_prefix=f"kvmux-{name}-load", initializer=on_this_device()
         )
         self._copies: CopyStream | None = None  # set once the KV cache is registered
         self._budget = StepBudget()

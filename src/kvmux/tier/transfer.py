@@ -19,7 +19,7 @@ asynchronous loads), so nothing but the GPU orders them before the forward pass.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy
@@ -27,8 +27,9 @@ import torch
 
 from kvmux.codec import DecodedEntry, LayerSpec
 from kvmux.errors import CorruptEntry, UnsupportedLayout
+from kvmux.tier.threads import in_background
 
-__all__ = ["BlockMover", "CopyStream", "group_movers"]
+__all__ = ["BlockMover", "CopyStream", "group_movers", "on_this_device"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -200,3 +201,26 @@ class CopyStream:
         with torch.cuda.stream(self._stream):
             yield
         self._stream.synchronize()
+
+
+def _current_cuda_device() -> int | None:
+    """The calling thread's CUDA device, where torch has CUDA initialized; else None."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
+        return None
+    return int(torch.cuda.current_device())
+
+
+def on_this_device() -> Callable[[], None]:
+    """A thread initializer: ``in_background``, then the CUDA device of the caller now.
+
+    A new thread starts on CUDA device 0 whatever its creator's; under tensor
+    parallelism each rank's helpers must copy on their rank's own device.
+    """
+    device = _current_cuda_device()
+
+    def start() -> None:
+        in_background()
+        if device is not None:
+            torch.cuda.set_device(device)
+
+    return start

@@ -30,8 +30,7 @@ from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.read_buffers import ReadBuffers
 from kvmux.tier.save_queue import SaveQueueSize, SaveQueueSizing
 from kvmux.tier.slab import HostSlab
-from kvmux.tier.threads import in_background
-from kvmux.tier.transfer import BlockMover, CopyStream, group_movers
+from kvmux.tier.transfer import BlockMover, CopyStream, group_movers, on_this_device
 from kvmux.tier.worker_base import WorkerBase
 
 __all__ = ["FinishedLoads", "TierWorker"]
@@ -77,10 +76,10 @@ class TierWorker(WorkerBase):
         self._namespace = namespace
         self._movers: list[BlockMover] = []  # one per KV cache group
         self._writer = ThreadPoolExecutor(
-            1, thread_name_prefix=f"kvmux-{store.name}-save", initializer=in_background
+            1, thread_name_prefix=f"kvmux-{store.name}-save", initializer=on_this_device()
         )
         self._readers = ThreadPoolExecutor(
-            _READERS, thread_name_prefix=f"kvmux-{store.name}-read", initializer=in_background
+            _READERS, thread_name_prefix=f"kvmux-{store.name}-read", initializer=on_this_device()
         )
         self._pending: dict[bytes, Future[None]] = {}  # guarded by _lock
         # what bounds the host bytes copied out and not yet written (sized at register)

@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from kvmux.tier import transfer
 from kvmux.tier.threads import (
     HELPER_NICE,
     has_spare_core,
@@ -127,3 +129,28 @@ def test_a_helper_thread_takes_its_python_name_as_its_system_name() -> None:
     thread.start()
     thread.join()
     assert seen == ["kvmux-redis-sav\n"]
+
+
+def test_helper_threads_take_their_creators_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    set_to: list[tuple[str, int]] = []
+    monkeypatch.setattr(transfer, "_current_cuda_device", lambda: 3)  # a rank's own device
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: set_to.append((current(), d)))
+    start = transfer.on_this_device()  # captured now, on the creating thread
+    with ThreadPoolExecutor(1, thread_name_prefix="kvmux-t-save", initializer=start) as pool:
+        helper = pool.submit(current).result()
+    assert set_to == [(helper, 3)]  # set on the helper thread itself
+
+
+def test_helper_threads_leave_the_device_alone_without_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(transfer, "_current_cuda_device", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("set on a CPU engine"))
+    with ThreadPoolExecutor(1, initializer=transfer.on_this_device()) as pool:
+        pool.submit(current).result()
+
+
+def current() -> str:
+    return threading.current_thread().name
