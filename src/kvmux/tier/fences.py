@@ -6,10 +6,12 @@ a later step, whose forward pass, or a load into it (on any stream, any connecto
 then writes into it: nothing of that step may start before the copy has read the
 block. The scheduler sees every allocation, so it tells the workers when that happens
 (``TierStepPlan.fence``: the latest step whose saves hold a block allocated now). Only
-then does a worker wait, when it binds the step's plan and before any of the step's
-work is submitted, until those copies have landed: vLLM's offloading connector flushes
-its store jobs the same way, when their blocks are allocated again. Copies run while
-the next steps compute; most have landed by the time their blocks come back.
+then does a worker order anything after them, when it binds the step's plan and before
+any of the step's work is submitted: every stream that writes the KV cache (the forward
+pass's, and the loader's) waits on the device for those copies, and the host never
+waits (vLLM's offloading connector flushes its store jobs when their blocks are
+allocated again; here the GPU does the waiting). Copies run while the next steps
+compute; most have landed by the time their blocks come back.
 
 The scheduler remembers the blocks of the last ``FENCE_STEPS`` steps' saves; the
 workers wait for every save older than that (long landed: the wait returns at once),
@@ -22,7 +24,7 @@ flight, and a fence waits for nothing.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 __all__ = ["FENCE_STEPS", "InFlightSaves", "SaveMark", "SavedBlocks"]
@@ -34,7 +36,10 @@ class SaveMark(Protocol):
     """A save's copies in flight on a device (a CUDA event, say)."""
 
     def wait(self) -> None:
-        """Return once these copies have landed."""
+        """Return once these copies have landed (the host waits)."""
+
+    def order(self, streams: Sequence[object]) -> None:
+        """Make work submitted to each of ``streams`` from now on wait for these copies."""
 
 
 class SavedBlocks:
@@ -83,9 +88,10 @@ class InFlightSaves:
         if mark is not None:
             self._marks.append((step, mark))
 
-    def before_step(self, step: int, fence: int) -> None:
-        """Before step ``step`` submits anything: wait for the saves of steps up to
-        ``fence``, and for every save older than ``FENCE_STEPS`` steps; forget those.
+    def before_step(self, step: int, fence: int, streams: Sequence[object]) -> None:
+        """Before step ``step`` submits anything: order ``streams`` (those that write the
+        KV cache) after the saves of steps up to ``fence``, and after every save older
+        than ``FENCE_STEPS`` steps; forget those. The host does not wait.
 
         One mark is enough: the saves run in order on one stream.
         """
@@ -94,4 +100,4 @@ class InFlightSaves:
         while marks and marks[0][0] <= due:
             last = marks.popleft()[1]
         if last is not None:
-            last.wait()
+            last.order(streams)

@@ -86,8 +86,13 @@ class CudaMark:
     event: Any  # torch.cuda.Event
 
     def wait(self) -> None:
-        """Return once the copies have landed."""
+        """Return once the copies have landed (the host waits: off the forward path only)."""
         self.event.synchronize()
+
+    def order(self, streams: Sequence[Any]) -> None:
+        """Make work submitted to each of ``streams`` from now on wait for the copies."""
+        for stream in streams:
+            stream.wait_event(self.event)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ class SlabWorker(WorkerBase):
             self._tags = [None] * slab.slots
             self._free = deque(range(slab.slots))
         host = slab.slot_bytes if slab.device.type == "cpu" else None
-        self._loader.use(CopyStream(slab.device), host)
+        self._use_copies(CopyStream(slab.device), host)
         self._choose_copies(slab)
         log.info(
             "kvmux tier %s: %d host slots of %d bytes (%.1f MiB)%s",

@@ -190,7 +190,15 @@ class CopyStream:
     """
 
     def __init__(self, device: torch.device):
+        self._device = device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # type: ignore[no-untyped-call]
+
+    def writers(self) -> list[object]:
+        """The streams that write the KV cache: the forward pass's (the caller's current
+        stream) and this one; none on the host, where a copy is done when it returns."""
+        if self._stream is None:
+            return []
+        return [torch.cuda.current_stream(self._device), self._stream]
 
     @contextmanager
     def active(self) -> Iterator[None]:

@@ -133,7 +133,7 @@ class TierWorker(WorkerBase):
         if self._movers:
             device = self._movers[0].device
             host = sum(self._group_bytes) if device.type == "cpu" else None
-            self._loader.use(CopyStream(device), host)
+            self._use_copies(CopyStream(device), host)
 
     def _size_save_queue(self) -> None:
         """Size the save queue to this rank's blocks and log it once."""

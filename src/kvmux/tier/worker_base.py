@@ -18,6 +18,7 @@ from kvmux.metrics import TierStats
 from kvmux.tier.fences import InFlightSaves
 from kvmux.tier.loader import AsyncLoader, FinishedLoads
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
+from kvmux.tier.transfer import CopyStream
 
 __all__ = ["RankAgreement", "WorkerBase"]
 
@@ -45,6 +46,7 @@ class WorkerBase(ABC):
         self._missing: set[BlockKey] = set()
         self._warned: set[str] = set()
         self._in_flight = InFlightSaves()  # saves whose copies a device may still run
+        self._copies: CopyStream | None = None  # where loads' copies run, once registered
         self._agreement: RankAgreement | None = None  # tensor parallelism: see agree_with_ranks
 
     @property
@@ -203,11 +205,18 @@ class WorkerBase(ABC):
 
     # -- saves ---------------------------------------------------------------
 
+    def _use_copies(self, copies: CopyStream, host_block_bytes: int | None) -> None:
+        """The KV cache is registered: where loads' copies run (see ``AsyncLoader.use``)."""
+        self._copies = copies
+        self._loader.use(copies, host_block_bytes)
+
     def fence(self, plan: TierStepPlan) -> None:
-        """Before the step submits anything: wait for in-flight saves of blocks it may
-        overwrite (``kvmux.tier.fences``; nothing is in flight on the host)."""
+        """Before the step submits anything: order every stream that writes the KV cache
+        after in-flight saves of blocks it may overwrite, on the device (the host does
+        not wait; ``kvmux.tier.fences``; nothing is in flight on the host)."""
         if self._in_flight:
-            self._in_flight.before_step(plan.step, plan.fence)
+            streams = self._copies.writers() if self._copies is not None else []
+            self._in_flight.before_step(plan.step, plan.fence, streams)
 
     def drop_saves_over(self, block_ids: Iterable[int]) -> None:
         """Blocks another connector failed to load this step: do not save what used them."""

@@ -121,15 +121,15 @@ def test_save_reuse_and_load_on_every_device(device: str, layout: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_block_reused_after_its_saves_mark_is_saved_as_it_was(device: str) -> None:
-    """On a GPU the save returns with its copies in flight; once its mark was waited
-    for, overwriting the block cannot reach the slot."""
+    """On a GPU the save returns with its copies in flight; once the forward stream is
+    ordered after its mark, overwriting the block on it cannot reach the slot."""
     source = {k: v.to(device) for k, v in _caches("blocks_first", torch.float32, seed=13).items()}
     slab = HostSlab([BlockMover(source, NUM_BLOCKS)], slots=2)
     originals = {name: t[2].clone() for name, t in source.items()}
     mark = slab.save(0, [2], [0])
     assert (mark is None) == (device == "cpu")  # the host's copies are done at return
     if mark is not None:
-        mark.wait()
+        mark.order([torch.cuda.current_stream()])  # the GPU waits, not the host
     for tensor in source.values():
         tensor[2].fill_(0.0)  # the block handed to another request, on the forward stream
     slab.load(0, [4], [0])

@@ -295,11 +295,13 @@ def test_a_save_in_flight_holds_back_only_the_step_that_reuses_its_blocks(
 
     def in_flight(*args: Any) -> Any:
         copy(*args)
-        return SimpleNamespace(wait=lambda: ordered.append("step 2"))
+        return SimpleNamespace(order=lambda streams: ordered.append(("step 2", *streams)))
 
     monkeypatch.setattr(slab, "save", in_flight)
+    assert worker._copies is not None  # on a GPU: the forward stream and the loader's
+    monkeypatch.setattr(worker._copies, "writers", lambda: ["forward", "loader"])
     worker.save(TierStepPlan(saves=[BlockTransfer(KEYS[1], 2)], step=2))
     worker.fence(TierStepPlan(step=3))  # no block of step 2's save is reused
     assert ordered == []
     worker.fence(TierStepPlan(step=3, fence=2))
-    assert ordered == ["step 2"] and not worker._in_flight
+    assert ordered == [("step 2", "forward", "loader")] and not worker._in_flight

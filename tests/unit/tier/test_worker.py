@@ -690,7 +690,7 @@ def test_a_staging_copy_in_flight_holds_back_only_the_step_that_reuses_it(
 
     def in_flight(*args: Any) -> Any:
         copy(*args)
-        return SimpleNamespace(wait=lambda: ordered.append("step 4"))
+        return SimpleNamespace(order=lambda streams: ordered.append("step 4"))
 
     monkeypatch.setattr(staging, "save", in_flight)
     worker.save(TierStepPlan(saves=[BlockTransfer(K3, 3)], step=4))
