@@ -22,6 +22,8 @@ TORCH_ALLOWED = (
     "kvmux.tier.worker",
     "kvmux.tier.transfer",
     "kvmux.tier.slab",
+    "kvmux.tier.staging",
+    "kvmux.tier.streams",
     "kvmux.vllm.",
     "kvmux.tools.",
 )

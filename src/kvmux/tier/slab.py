@@ -34,10 +34,9 @@ import torch
 
 from kvmux.tier.fences import SaveMark
 from kvmux.tier.streams import CudaStreams, Streams
-from kvmux.tier.transfer import BlockMover
+from kvmux.tier.transfer import STAGE_BYTES, BlockMover
 
 __all__ = [
-    "STAGE_BYTES",
     "CudaMark",
     "HostLayer",
     "HostSlab",
@@ -49,7 +48,6 @@ __all__ = [
 
 _WIDE = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)
 ROW_ALIGN = 16  # bytes: every layer's row in a slot starts at a multiple of this
-STAGE_BYTES = 64 * 2**20  # device bytes a GPU save or load stages at a time, at most
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,13 @@ import torch
 
 from kvmux.codec import DecodedEntry, LayerSpec
 from kvmux.errors import CorruptEntry, UnsupportedLayout
+from kvmux.tier.staging import StagingBuffers
+from kvmux.tier.streams import CudaStreams, Streams
 from kvmux.tier.threads import in_background
 
-__all__ = ["BlockMover", "CopyStream", "group_movers", "on_this_device"]
+__all__ = ["STAGE_BYTES", "BlockMover", "CopyStream", "group_movers", "on_this_device"]
+
+STAGE_BYTES = 64 * 2**20  # bytes of entries a GPU load stages at a time, at most
 
 _DTYPES = {
     "float32": torch.float32,
@@ -74,7 +78,14 @@ def _block_dim(tensor: torch.Tensor, num_blocks: int | None) -> int:
 class BlockMover:
     """Copies whole blocks of every layer out to host tensors and back in."""
 
-    def __init__(self, kv_caches: Mapping[str, torch.Tensor], num_blocks: int | None = None):
+    def __init__(
+        self,
+        kv_caches: Mapping[str, torch.Tensor],
+        num_blocks: int | None = None,
+        streams: Streams | None = None,
+    ):
+        """``streams``: where copies are ordered (CUDA's for a KV cache on a GPU; a host
+        cache with ``RecordingStreams`` runs the GPU path, for checks)."""
         self._layers = list(kv_caches.values())
         self._dims = [_block_dim(t, num_blocks) for t in self._layers]
         specs = []
@@ -85,7 +96,13 @@ class BlockMover:
             specs.append(LayerSpec(shape=shape, dtype=_NAMES[tensor.dtype]))
         self.layer_specs = tuple(specs)
         self.device = self._layers[0].device if self._layers else torch.device("cpu")
-        self._on_gpu = self.device.type == "cuda"
+        if streams is None and self.device.type == "cuda":
+            streams = CudaStreams(self.device)
+        self.streams = streams
+        self._on_gpu = streams is not None  # loads stage in host buffers: the GPU path
+        self._staging = StagingBuffers(pin=streams is not None and streams.pin)
+        self._row_bytes = sum(spec.nbytes for spec in self.layer_specs)
+        self._stage_rows = max(1, STAGE_BYTES // max(1, self._row_bytes))
 
     @property
     def kv_layers(self) -> list[tuple[torch.Tensor, int]]:
@@ -120,20 +137,34 @@ class BlockMover:
             for block_id, entry in zip(block_ids, entries, strict=True):
                 self.copy_in(block_id, entry)
             return
-        index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=True)
+        self._staged_copy_in(block_ids, entries)
+
+    def _staged_copy_in(self, block_ids: Sequence[int], entries: Sequence[DecodedEntry]) -> None:
+        """Per ``STAGE_BYTES`` of entries: their payloads into a reused host buffer (one
+        copy each: a payload holds its layers back to back, as a row here), one copy to
+        the device, one scatter per layer; on the current stream, the host never waits."""
+        streams = self.streams
+        assert streams is not None
+        index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=streams.pin)
         index = index.to(self.device, non_blocking=True)
-        offsets = [entry.layer_offsets() for entry in entries]
-        for layer, (tensor, dim, spec) in enumerate(
-            zip(self._layers, self._dims, self.layer_specs, strict=True)
-        ):
-            staged = torch.empty((len(entries), spec.nbytes), dtype=torch.uint8, pin_memory=True)
-            rows = staged.numpy()
-            for row, entry in enumerate(entries):
-                start = offsets[row][layer]
-                rows[row] = numpy.frombuffer(entry.payload, numpy.uint8, spec.nbytes, start)
-            blocks = staged.to(self.device, non_blocking=True)
-            blocks = blocks.view(_DTYPES[spec.dtype]).view(len(entries), *spec.shape)
-            tensor.index_copy_(dim, index, blocks.movedim(0, dim))
+        offsets = entries[0].layer_offsets() if entries else []
+        for first in range(0, len(entries), self._stage_rows):
+            chunk = entries[first : first + self._stage_rows]
+            buffer = self._staging.take(len(chunk) * self._row_bytes)
+            host = buffer[: len(chunk) * self._row_bytes].view(len(chunk), self._row_bytes)
+            rows = host.numpy()
+            for row, entry in enumerate(chunk):
+                rows[row] = numpy.frombuffer(entry.payload, numpy.uint8, self._row_bytes)
+            device_rows = host.to(self.device, non_blocking=True)
+            read = streams.new_event()
+            read.record(streams.current())
+            self._staging.give_back(buffer, read)
+            picked = index[first : first + len(chunk)]
+            for tensor, dim, spec, offset in zip(
+                self._layers, self._dims, self.layer_specs, offsets, strict=True
+            ):
+                layer = device_rows[:, offset : offset + spec.nbytes].view(_DTYPES[spec.dtype])
+                tensor.index_copy_(dim, picked, layer.view(len(chunk), *spec.shape).movedim(0, dim))
 
     def copy_in(self, block_id: int, entry: DecodedEntry) -> None:
         """Write a verified entry into block ``block_id`` of every layer."""

@@ -12,6 +12,7 @@ from kvmux import codec  # noqa: E402
 from kvmux.codec import LayerSpec  # noqa: E402
 from kvmux.errors import CorruptEntry, UnsupportedLayout  # noqa: E402
 from kvmux.keys import namespace_id  # noqa: E402
+from kvmux.tier.streams import RecordingStreams  # noqa: E402
 from kvmux.tier.transfer import BlockMover  # noqa: E402
 
 NUM_BLOCKS = 6
@@ -141,6 +142,7 @@ def test_unsupported_dtype() -> None:
 
 DEVICES = [
     "cpu",
+    "streamed",  # a host cache through the GPU path, with recording streams
     pytest.param(
         "cuda",
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here"),
@@ -150,14 +152,19 @@ DEVICES = [
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("stage_rows", [1, 64], ids=lambda r: f"stage{r}")
 def test_batched_copies_round_trip_on_every_device(
-    layout: str, device: str, dtype: torch.dtype
+    layout: str, device: str, dtype: torch.dtype, stage_rows: int
 ) -> None:
     """copy_out, then copy_in_many, move exactly the listed blocks and nothing else."""
-    source = {k: v.to(device) for k, v in _caches(layout, seed=2, dtype=dtype).items()}
-    target = {k: v.to(device) for k, v in _caches(layout, seed=None, dtype=dtype).items()}
+    on = "cpu" if device == "streamed" else device
+    source = {k: v.to(on) for k, v in _caches(layout, seed=2, dtype=dtype).items()}
+    target = {k: v.to(on) for k, v in _caches(layout, seed=None, dtype=dtype).items()}
     dim = _dim(layout)
-    out_mover, in_mover = BlockMover(source, NUM_BLOCKS), BlockMover(target, NUM_BLOCKS)
+    streams = RecordingStreams() if device == "streamed" else None
+    out_mover = BlockMover(source, NUM_BLOCKS)
+    in_mover = BlockMover(target, NUM_BLOCKS, streams)
+    in_mover._stage_rows = stage_rows
     copies = out_mover.copy_out([1, 3, 0])
     assert all(c.device.type == "cpu" for c in copies)
     entries = []
@@ -184,3 +191,21 @@ def test_check_refuses_an_entry_of_another_layout() -> None:
     narrow = {f"l{i}": torch.zeros(NUM_BLOCKS, 2, 4, 4) for i in range(2)}
     with pytest.raises(CorruptEntry):
         BlockMover(narrow, NUM_BLOCKS).check(codec.decode(data, NS, KEY))
+
+
+def test_staged_loads_reuse_their_host_buffer_and_never_wait_on_the_host() -> None:
+    source = BlockMover(_caches("blocks_second", seed=3), NUM_BLOCKS)
+    streams = RecordingStreams()
+    target = BlockMover(_caches("blocks_second", seed=None), NUM_BLOCKS, streams)
+    copies = source.copy_out([0, 1])
+    entries = [
+        codec.decode(
+            codec.encode(NS, KEY, source.layer_specs, source.block_parts(copies, r)), NS, KEY
+        )
+        for r in range(2)
+    ]
+    target.copy_in_many([2, 3], entries)
+    (buffer,) = [b for b, _ in target._staging._free]
+    target.copy_in_many([4, 5], entries)
+    assert [b.data_ptr() for b, _ in target._staging._free] == [buffer.data_ptr()]
+    assert all(event.host_waits == 0 for event in streams.forward.recorded)
