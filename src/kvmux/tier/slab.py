@@ -34,7 +34,7 @@ import torch
 
 from kvmux.tier.fences import SaveMark
 from kvmux.tier.streams import CudaStreams, Streams
-from kvmux.tier.transfer import STAGE_BYTES, BlockMover
+from kvmux.tier.transfer import STAGE_BYTES, BlockMover, widest_view
 
 __all__ = [
     "CudaMark",
@@ -46,7 +46,6 @@ __all__ = [
     "slot_runs",
 ]
 
-_WIDE = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)
 ROW_ALIGN = 16  # bytes: every layer's row in a slot starts at a multiple of this
 
 
@@ -69,19 +68,6 @@ def slot_runs(slots: Sequence[int]) -> list[SlotRun]:
         else:
             runs.append(SlotRun(slot, index, 1))
     return runs
-
-
-def _wide(tensor: torch.Tensor, block_dim: int) -> torch.Tensor:
-    """The same memory viewed with the widest element that divides its last dimension."""
-    if tensor.dim() <= block_dim + 1 or tensor.stride(-1) != 1:
-        return tensor
-    raw = tensor.view(torch.uint8)
-    for dtype in _WIDE:
-        size = dtype.itemsize
-        aligned = raw.storage_offset() % size == 0 and raw.shape[-1] % size == 0
-        if aligned and all(stride % size == 0 for stride in raw.stride()[:-1]):
-            return raw.view(dtype)
-    return raw
 
 
 _SAME_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
@@ -241,7 +227,7 @@ class HostSlab:
         for arena, spec, (tensor, dim) in zip(
             self._arena, mover.layer_specs, mover.kv_layers, strict=False
         ):
-            kv = _wide(tensor, dim)
+            kv = widest_view(tensor, dim)
             block_shape = [size for index, size in enumerate(kv.shape) if index != dim]
             rows = arena[:, : spec.nbytes].view(kv.dtype)
             layers.append(_Layer(kv, dim, rows.view(self.slots, *block_shape)))

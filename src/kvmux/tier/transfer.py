@@ -31,7 +31,14 @@ from kvmux.tier.staging import StagingBuffers
 from kvmux.tier.streams import CudaStreams, Streams
 from kvmux.tier.threads import in_background
 
-__all__ = ["STAGE_BYTES", "BlockMover", "CopyStream", "group_movers", "on_this_device"]
+__all__ = [
+    "STAGE_BYTES",
+    "BlockMover",
+    "CopyStream",
+    "group_movers",
+    "on_this_device",
+    "widest_view",
+]
 
 STAGE_BYTES = 64 * 2**20  # bytes of entries a GPU load stages at a time, at most
 
@@ -50,6 +57,22 @@ _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 warnings.filterwarnings(
     "ignore", message="The given buffer is not writable", category=UserWarning, module=__name__
 )
+
+
+_WIDE = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def widest_view(tensor: torch.Tensor, block_dim: int) -> torch.Tensor:
+    """The same memory viewed with the widest element that divides its last dimension."""
+    if tensor.dim() <= block_dim + 1 or tensor.stride(-1) != 1:
+        return tensor
+    raw = tensor.view(torch.uint8)
+    for dtype in _WIDE:
+        size = dtype.itemsize
+        aligned = raw.storage_offset() % size == 0 and raw.shape[-1] % size == 0
+        if aligned and all(stride % size == 0 for stride in raw.stride()[:-1]):
+            return raw.view(dtype)
+    return raw
 
 
 _KNOWN_LAYOUTS = (
@@ -160,11 +183,24 @@ class BlockMover:
             read.record(streams.current())
             self._staging.give_back(buffer, read)
             picked = index[first : first + len(chunk)]
-            for tensor, dim, spec, offset in zip(
-                self._layers, self._dims, self.layer_specs, offsets, strict=True
-            ):
-                layer = device_rows[:, offset : offset + spec.nbytes].view(_DTYPES[spec.dtype])
-                tensor.index_copy_(dim, picked, layer.view(len(chunk), *spec.shape).movedim(0, dim))
+            for tensor, dim, offset in zip(self._layers, self._dims, offsets, strict=True):
+                target, source = self._scatter_views(tensor, dim, device_rows, offset)
+                target.index_copy_(dim, picked, source.movedim(0, dim))
+
+    def _scatter_views(
+        self, tensor: torch.Tensor, dim: int, rows: torch.Tensor, offset: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's cache and its blocks in ``rows`` (bytes from ``offset``), both viewed
+        with one element: the widest that aligns (fast scatters; and fp8's own scatter is
+        not supported everywhere)."""
+        target = widest_view(tensor, dim)
+        size = target.element_size()
+        if size > 1 and (offset % size or self._row_bytes % size):
+            target = target.view(torch.uint8)  # bytes always align
+        block_shape = [s for i, s in enumerate(target.shape) if i != dim]
+        nbytes = target.select(dim, 0).numel() * target.element_size()
+        source = rows[:, offset : offset + nbytes].view(target.dtype)
+        return target, source.view(rows.shape[0], *block_shape)
 
     def copy_in(self, block_id: int, entry: DecodedEntry) -> None:
         """Write a verified entry into block ``block_id`` of every layer."""
