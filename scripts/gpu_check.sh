@@ -73,6 +73,6 @@ echo "kvmux gpu_check: engines on the GPU (fp32, eager: exact log-probabilities)
   tests/integration/vllm/test_hybrid.py \
   tests/integration/vllm/test_integrity.py
 echo "kvmux gpu_check: an engine in bf16 with CUDA graphs"
-.venv/bin/python -m kvmux.tools.bench.gpu --graphs-check
+.venv/bin/python scripts/gpu_engine_check.py
 echo "kvmux gpu_check: TTFT, recompute against memory and disk hits"
 .venv/bin/python -m kvmux.tools.bench.gpu "$@"
