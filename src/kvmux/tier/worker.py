@@ -28,7 +28,7 @@ from kvmux.stores.base import KVStore, ValueParts, value_nbytes
 from kvmux.tier.loader import FinishedLoads
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.read_buffers import ReadBuffers
-from kvmux.tier.save_queue import SaveQueueSize, SaveQueueSizing
+from kvmux.tier.save_queue import SaveQueueSizing
 from kvmux.tier.slab import HostSlab
 from kvmux.tier.transfer import BlockMover, CopyStream, group_movers, on_this_device
 from kvmux.tier.worker_base import WorkerBase
@@ -87,7 +87,6 @@ class TierWorker(WorkerBase):
             save_queue if isinstance(save_queue, SaveQueueSizing) else SaveQueueSizing(save_queue)
         )
         self._save_queue = 0  # that bound in bytes, once the KV cache is registered
-        self.save_queue_size: SaveQueueSize | None = None  # the same, with what it holds
         self._queued_bytes = 0  # guarded by _lock
         self._group_bytes: list[int] = []  # host bytes of one block of each group's layers
         self._staging: HostSlab | None = None  # slots saves are copied into (the save queue)
@@ -138,7 +137,7 @@ class TierWorker(WorkerBase):
     def _size_save_queue(self) -> None:
         """Size the save queue to this rank's blocks and log it once."""
         size = self._sizing.size(sum(self._group_bytes))
-        self.save_queue_size, self._save_queue = size, size.bytes
+        self._save_queue = size.bytes
         if self._movers:
             log.info("kvmux tier %s: save queue: %s", self._store.name, size.describe())
 
