@@ -62,6 +62,8 @@ def evaluate_bars(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
     )
     for row in results.get("stores", {}).get("rows", []):
+        if row.get("page_cache") == "warm":  # beside the disk get bar, not a bar of its own
+            continue
         floor = 0.8 if row["tier"] == "memory" else 0.5  # memory: at least 0.8 of a copy
         name = f"{row['tier']} {row['op']} / its limit"
         bars.append(_bar(name, row.get("ratio"), floor, "above"))

@@ -8,6 +8,7 @@ import math
 import random
 import shutil
 import statistics
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 from kvmux.tools.bench.configs import DISK_CONFIGS, disk_tier, kv_config
 from kvmux.tools.bench.disk_fill import forget_disk
+from kvmux.tools.bench.page_cache import evict_page_cache, page_cache_state
 from kvmux.tools.bench.profiles import BenchPlan
 from kvmux.tools.engine import run_engine_job
 from kvmux.tools.models import MODEL_SIZES
@@ -28,6 +30,7 @@ __all__ = [
     "loads_while_decoding",
     "long_prompts",
     "mux_overhead",
+    "restart_files",
     "reuse_workload",
 ]
 
@@ -154,9 +157,23 @@ RESTART_SOURCES = {
 }
 
 
+def restart_files(runner: Runner, config: str) -> Path | None:
+    """The directory of files a restart of ``config`` loads from; None: not a local disk."""
+    if config in ("example", "multi-example"):
+        return runner.work / config  # ExampleConnector's shared_storage_path(s)
+    if config in ("kvmux-mux-first", "kvmux-mux-compose"):
+        return runner.disk_path
+    return None
+
+
 def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
     """Workload (a): TTFT cold, warm in the same engine (the median of the plan's
-    ``warm_repeats``), and warm after a restart."""
+    ``warm_repeats``), and warm after a restart.
+
+    A restart that loads from disk finds the files the first engine wrote evicted from
+    the page cache (``page_cache.py``); a second restart right after it, the page cache
+    as the first left it (``ttft_restart_page_cache_warm_s``).
+    """
     prompts = [runner.tokens(1000 + n, n) for n in runner.plan.lengths]
     reset: list[dict[str, Any]] = []
     if config != "vllm-prefix-cache":
@@ -167,14 +184,21 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
     for prompt in prompts:  # cold, then ``repeats`` times warm
         repeat: list[dict[str, Any]] = [settle, *reset, _gen([prompt])]
         steps += [_gen([prompt]), *repeat * repeats]
+    written_since = time.time()  # the files of the disk tier this engine writes
     first = _generates(runner.run(config, steps))[1:]
     rows = []
-    restart = None
+    restart = warm_restart = None
+    page_cache = None
     if config in RESTART_SOURCES:
         if config == "kvmux-mux-redis":  # empty the disk tier so the hit must come from Redis
             forget_disk(runner.disk_path)
         again_steps = [s for p in prompts for s in (settle, _gen([p]))]
+        files = restart_files(runner, config)
+        if files is not None:  # only the engine's files: the tier's filler keeps its pages
+            page_cache = page_cache_state(evict_page_cache(files, written_since))
         restart = _generates(runner.run(config, again_steps, fresh=False))
+        if files is not None:
+            warm_restart = _generates(runner.run(config, again_steps, fresh=False))
     for i, length in enumerate(runner.plan.lengths):
         cold, *warms = first[(1 + repeats) * i : (1 + repeats) * (i + 1)]
         warm = warms[0]
@@ -193,6 +217,12 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
             row["ttft_restart_s"] = again["seconds"]
             row["restart_cached_tokens"] = again["num_cached_tokens"][0]
             row["restart_source"] = _source(again, before["stats"]) or RESTART_SOURCES[config]
+        if page_cache is not None:
+            row["restart_page_cache"] = page_cache
+        if warm_restart is not None:
+            again = warm_restart[i + 1]
+            row["ttft_restart_page_cache_warm_s"] = again["seconds"]
+            row["restart_page_cache_warm_cached_tokens"] = again["num_cached_tokens"][0]
         rows.append(row)
     return rows
 

@@ -26,15 +26,16 @@ from kvmux.stores.redis import RedisStore
 from kvmux.tier.plan import BlockTransfer, TierStepPlan
 from kvmux.tier.slab_worker import SlabWorker
 from kvmux.tier.transfer import BlockMover
+from kvmux.tools.bench.page_cache import CAN_EVICT, evict_page_cache, page_cache_state
 from kvmux.tools.bench.redis_proc import RedisProcess
 
-__all__ = ["run_store_bench"]
+__all__ = ["WARM_DISK", "run_store_bench"]
 
 LAYERS = 8  # layers per entry, as in one block of the benchmark model
 BATCH = 8  # redis entries per pipelined round trip (one engine step)
 REPEATS = 5  # rounds in which a tier's operations take turns; each keeps its fastest
 NAMESPACE = namespace_id({"bench": "stores"})
-_DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+WARM_DISK = "disk, page cache warm"  # the disk get row read right after the cold one
 
 Unit = list[int]  # indices of the entries one timed call handles
 Samples = list[tuple[float, int]]  # (seconds, entries) of each timed call
@@ -89,16 +90,6 @@ def _row(
     row.update({f"limit_{name}": value for name, value in raw.items()})
     row["ratio"] = kvmux["gbps"] / raw["gbps"]
     return row
-
-
-def _drop_page_cache() -> str | None:
-    """Drop the page cache; the reason it could not be dropped, or None."""
-    os.sync()
-    try:
-        _DROP_CACHES.write_text("3")
-    except OSError as exc:
-        return f"cannot write {_DROP_CACHES}: {exc}"
-    return None
 
 
 def _write_file(path: Path, value: bytes) -> None:
@@ -217,16 +208,16 @@ def _memory(b: _Bench) -> list[dict[str, Any]]:
 
 
 def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    store = DiskStore(root / "kvmux", capacity=4 * b.entries * (b.entry_bytes + 4096))
+    """Disk put and write, cold get and read (files evicted first), warm get and read."""
+    store_dir = root / "kvmux"
+    store = DiskStore(store_dir, capacity=4 * b.entries * (b.entry_bytes + 4096))
     raw_dir = root / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
     paths = [raw_dir / f"{i}.bin" for i in range(b.entries)]
-    failures: list[str] = []
+    evicted: list[int] = []
 
-    def cold() -> None:
-        reason = _drop_page_cache()
-        if reason is not None:
-            failures.append(reason)
+    def cold(directory: Path) -> None:
+        evicted.append(evict_page_cache(directory))
 
     def fresh_store() -> None:
         store.clear()
@@ -237,24 +228,36 @@ def _disk(b: _Bench, root: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
             path.unlink(missing_ok=True)
         os.sync()
 
-    put, write, get, read = b.measure(
+    def get(unit: Unit) -> None:
+        b.load(unit[0], store.get(b.keys[unit[0]]))
+
+    def read(unit: Unit) -> None:
+        paths[unit[0]].read_bytes()
+
+    # the warm passes come right after the cold ones, which read their files into the cache
+    put, write, cold_get, cold_read, warm_get, warm_read = b.measure(
         "disk",
         _Timed(b.singles, partial(b.put, store), fresh_store),
         _Timed(b.singles, lambda u: _write_file(paths[u[0]], b.values[u[0]]), fresh_files),
-        _Timed(b.singles, lambda u: b.load(u[0], store.get(b.keys[u[0]])), cold),
-        _Timed(b.singles, lambda u: paths[u[0]].read_bytes(), cold),
+        _Timed(b.singles, get, partial(cold, store_dir)),
+        _Timed(b.singles, read, partial(cold, raw_dir)),
+        _Timed(b.singles, get),
+        _Timed(b.singles, read),
     )
     shutil.rmtree(root, ignore_errors=True)
+    reads = "evicted" if CAN_EVICT else "not evicted"
     cache = {
-        "reads": "warm" if failures else "dropped",
-        "reason": failures[0]
-        if failures
-        else "sync + echo 3 > /proc/sys/vm/drop_caches before every read pass",
+        "reads": reads,
+        "cold": f"the pass's files {page_cache_state(min(evicted, default=0))} before every "
+        "cold read pass, each written back (fdatasync) first",
+        "warm": f"{WARM_DISK}: the same reads right after the cold pass, nothing evicted",
         "writes": "not fsynced (DiskStore does not fsync either): writes land in the page cache",
     }
+    how = "sequential read (open/read/close)"
     rows = [
         _row("disk", "put", put, "sequential write (open/write/close, new file)", write),
-        _row("disk", "get", get, "sequential read (open/read/close)", read),
+        {**_row("disk", "get", cold_get, how, cold_read), "page_cache": reads},
+        {**_row(WARM_DISK, "get", warm_get, how, warm_read), "page_cache": "warm"},
     ]
     return rows, cache
 

@@ -16,6 +16,7 @@ _SCALARS = (str, int, float, bool, type(None))
 _STORE_COLUMNS = (
     ("tier", "tier"),
     ("op", "op"),
+    ("page_cache", "page cache"),
     ("kvmux_gbps", "kvmux GB/s"),
     ("kvmux_lat_mean_ms", "mean ms"),
     ("kvmux_lat_p50_ms", "p50 ms"),
@@ -121,7 +122,8 @@ def _stores_chart(rows: list[dict[str, Any]], out: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    labels = [f"{row.get('tier', '?')}\n{row.get('op', '?')}" for row in rows]
+    tiers = [str(row.get("tier", "?")).replace(", ", "\n") for row in rows]  # disk, page cache warm
+    labels = [f"{tier}\n{row.get('op', '?')}" for tier, row in zip(tiers, rows, strict=True)]
     kvmux = [float(row.get("kvmux_gbps") or 0.0) for row in rows]
     limit = [float(row.get("limit_gbps") or 0.0) for row in rows]
     positions = list(range(len(rows)))
@@ -198,7 +200,8 @@ def _e2e_charts(data: Mapping[str, Any], out: Path) -> list[str]:
         series = {
             "ttft_cold_s": "cold",
             "ttft_warm_s": "warm, same engine",
-            "ttft_restart_s": "warm, after restart",
+            "ttft_restart_s": "warm, after restart (disk: page cache evicted)",
+            "ttft_restart_page_cache_warm_s": "warm, after restart, page cache warm",
         }
         if _grouped_chart(out, "ttft.png", f"TTFT of one {length}-token prompt", rows, series):
             lines += ["![ttft](ttft.png)", ""]

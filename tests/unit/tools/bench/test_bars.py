@@ -42,3 +42,15 @@ def test_memory_store_operations_are_held_to_0_8_of_a_copy() -> None:
         False,
     )
     assert bars["disk put / its limit"]["met"] is True
+
+
+def test_the_page_cache_warm_disk_row_is_not_a_bar() -> None:
+    stores = {
+        "rows": [
+            {"tier": "disk", "op": "get", "ratio": 0.7, "page_cache": "evicted"},
+            {"tier": "disk, page cache warm", "op": "get", "ratio": 0.3, "page_cache": "warm"},
+        ]
+    }
+    names = [b["bar"] for b in evaluate_bars({"stores": stores})]
+    assert "disk get / its limit" in names
+    assert not any("page cache warm" in name for name in names)

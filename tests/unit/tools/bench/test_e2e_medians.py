@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kvmux.tools.bench import e2e
+from kvmux.tools.bench.page_cache import page_cache_state
 from kvmux.tools.bench.profiles import QUICK
 
 
@@ -65,6 +66,41 @@ def test_the_prefix_cache_is_not_reset_between_its_own_warm_requests() -> None:
     runner = FakeRunner([1.0, 0.1, 0.1], lengths=(1024,), warm_repeats=2)
     e2e.long_prompts(runner, "vllm-prefix-cache")  # type: ignore[arg-type]
     assert not [s for s in runner.jobs[0] if s["op"] == "reset_prefix_cache"]
+
+
+def test_a_disk_restart_reads_evicted_files_then_a_warm_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = FakeRunner([5.0, 0.2, 0.4, 0.3], lengths=(1024,), warm_repeats=1)
+    runner.disk_path = tmp_path / "disk"  # type: ignore[attr-defined]
+    evicted: list[tuple[Path, float | None, int]] = []
+
+    def fake_evict(directory: Path, modified_since: float | None = None) -> int:
+        evicted.append((directory, modified_since, len(runner.jobs)))
+        return 7
+
+    monkeypatch.setattr(e2e, "evict_page_cache", fake_evict)
+    monkeypatch.setattr(e2e, "forget_disk", lambda path: b"")
+    (row,) = e2e.long_prompts(runner, "kvmux-mux-first")  # type: ignore[arg-type]
+    assert len(runner.jobs) == 3  # the first engine, a cold restart, a warm one
+    ((directory, since, jobs_before),) = evicted
+    assert directory == tmp_path / "disk" and since is not None
+    assert jobs_before == 1  # after the writing engine, before the cold restart
+    assert row["ttft_restart_s"] == 0.4
+    assert row["ttft_restart_page_cache_warm_s"] == 0.3
+    assert row["restart_page_cache"] == page_cache_state(7)  # "not evicted" without fadvise
+
+
+def test_a_restart_from_redis_evicts_nothing_and_runs_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner = FakeRunner([5.0, 0.2, 0.4], lengths=(1024,), warm_repeats=1)
+    runner.disk_path = Path("/nonexistent/disk")  # type: ignore[attr-defined]
+    monkeypatch.setattr(e2e, "evict_page_cache", lambda *_: pytest.fail("evicted"))
+    monkeypatch.setattr(e2e, "forget_disk", lambda path: b"")
+    (row,) = e2e.long_prompts(runner, "kvmux-mux-redis")  # type: ignore[arg-type]
+    assert len(runner.jobs) == 2
+    assert "restart_page_cache" not in row and "ttft_restart_page_cache_warm_s" not in row
 
 
 def _hook_times(added_us: float, children_us: float, steps: int = 10) -> dict[str, Any]:

@@ -15,7 +15,8 @@ pytest.importorskip("matplotlib")
 if shutil.which("redis-server") is None:
     pytest.skip("redis-server is not on PATH", allow_module_level=True)
 
-from kvmux.tools.bench.microbench import REPEATS, _Bench, _Timed, run_store_bench
+from kvmux.tools.bench.microbench import REPEATS, WARM_DISK, _Bench, _Timed, run_store_bench
+from kvmux.tools.bench.page_cache import CAN_EVICT
 from kvmux.tools.bench.report import machine_info, write_report
 
 
@@ -24,9 +25,16 @@ def test_store_bench_and_report(tmp_path: Path) -> None:
     assert stores["config"]["entries"] == 4
     assert stores["config"]["repeats"] == REPEATS
     assert "take turns" in stores["config"]["order"]
-    assert stores["disk_page_cache"]["reads"] in ("dropped", "warm")
+    assert stores["disk_page_cache"]["reads"] in ("evicted", "not evicted")
     pairs = [(row["tier"], row["op"]) for row in stores["rows"]]
-    assert pairs == [(t, op) for t in ("memory", "disk", "redis") for op in ("put", "get")]
+    expected = [(t, op) for t in ("memory", "disk", "redis") for op in ("put", "get")]
+    expected.insert(4, (WARM_DISK, "get"))  # beside the cold disk get
+    assert pairs == expected
+    cold, warm = stores["rows"][3:5]
+    assert cold["page_cache"] == stores["disk_page_cache"]["reads"]
+    assert warm["page_cache"] == "warm"
+    if CAN_EVICT:
+        assert "evicted (" in stores["disk_page_cache"]["cold"]
     for row in stores["rows"]:
         for side in ("kvmux", "limit"):
             assert row[f"{side}_gbps"] > 0
@@ -42,6 +50,7 @@ def test_store_bench_and_report(tmp_path: Path) -> None:
     assert "## Machine" in markdown and "## Store microbenchmarks" in markdown
     assert "## serving" in markdown and "| kvmux | 0.5 |" in markdown
     assert (out / "stores.png").read_bytes().startswith(b"\x89PNG")
+    assert "| tier | op | page cache |" in markdown and f"| {WARM_DISK} | get | warm |" in markdown
 
 
 def test_operations_take_turns_round_by_round() -> None:
