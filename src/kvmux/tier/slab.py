@@ -83,7 +83,7 @@ class SlotEvents:
 
     def __init__(self, slots: int):
         self._saved: list[Any] = [None] * slots
-        self._loaded: list[dict[int, Any] | None] = [None] * slots
+        self._loaded: list[dict[Any, Any] | None] = [None] * slots  # stream -> event
 
     def saves_of(self, slots: Sequence[int]) -> list[Any]:
         """The events a load of ``slots`` waits for: the latest save of each, once each."""
@@ -104,7 +104,7 @@ class SlotEvents:
             streams = self._loaded[slot]
             if streams is None:
                 streams = self._loaded[slot] = {}
-            streams[id(stream)] = event
+            streams[stream] = event  # torch's streams compare and hash by handle
 
 
 def _distinct(events: Iterable[Any]) -> list[Any]:
@@ -210,8 +210,7 @@ class HostSlab:
             self._slots = torch.empty((0, 0), dtype=torch.uint8)
             return [torch.zeros((slots, width), dtype=torch.uint8) for width in widths]
         assert self._streams is not None
-        pin = self._streams.pin
-        self._slots = torch.zeros((slots, sum(widths)), dtype=torch.uint8, pin_memory=pin)
+        self._slots = self._streams.host_zeros((slots, sum(widths)))
         return [
             self._slots[:, offset : offset + width]
             for offset, width in zip(self._offsets, widths, strict=True)

@@ -8,6 +8,7 @@ shows which waits happen, and when, without a GPU.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
@@ -21,6 +22,10 @@ class Streams(Protocol):
     """Streams and events of one device."""
 
     pin: bool  # whether host buffers are pinned (page-locked) for copies to the device
+    scope: str  # streams of one scope may write the same KV cache (one device)
+
+    def host_zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Zeroed host bytes of ``shape``, pinned where ``pin``, of exactly that size."""
 
     def new_stream(self) -> Any:
         """A stream of its own."""
@@ -42,6 +47,22 @@ class CudaStreams:
 
     def __init__(self, device: torch.device):
         self._device = device
+        self.scope = str(device if device.index is not None else torch.device("cuda", 0))
+
+    def host_zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Zeroed host memory, page-locked in place with ``cudaHostRegister``.
+
+        ``pin_memory=True`` would go through torch's caching host allocator, which rounds
+        every allocation up to a power of two (a 40 GiB tier would pin 64 GiB) and keeps it
+        pinned after the tier is gone. Registered memory is unregistered with its tensor.
+        """
+        tensor = torch.zeros(shape, dtype=torch.uint8)  # every page committed now
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        if tensor.numel() == 0 or not hasattr(cudart, "cudaHostRegister"):
+            return tensor.pin_memory() if tensor.numel() else tensor
+        _check(cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel(), 0), "cudaHostRegister")
+        weakref.finalize(tensor, _unregister, cudart, tensor.data_ptr())
+        return tensor
 
     def new_stream(self) -> Any:
         """A CUDA stream on the device."""
@@ -58,6 +79,17 @@ class CudaStreams:
     def using(self, stream: Any) -> AbstractContextManager[None]:
         """``torch.cuda.stream(stream)``."""
         return torch.cuda.stream(stream)
+
+
+def _check(result: Any, call: str) -> None:
+    """Raise RuntimeError unless a CUDA runtime call succeeded."""
+    if int(result) != 0:
+        raise RuntimeError(f"{call} failed: {result}")
+
+
+def _unregister(cudart: Any, pointer: int) -> None:
+    """Unlock memory that ``host_zeros`` registered (its tensor is being freed)."""
+    cudart.cudaHostUnregister(pointer)
 
 
 class RecordedEvent:
@@ -89,13 +121,15 @@ class RecordingStream:
         self.name = name
         self.waited: list[RecordedEvent] = []
         self.recorded: list[RecordedEvent] = []
+        self.synchronized = 0  # times the host waited for the stream
 
     def wait_event(self, event: RecordedEvent) -> None:
         """Work submitted from now on waits for ``event`` (recorded)."""
         self.waited.append(event)
 
     def synchronize(self) -> None:
-        """Nothing runs behind the host's back."""
+        """Nothing runs behind the host's back (counted)."""
+        self.synchronized += 1
 
 
 class RecordingStreams:
@@ -105,10 +139,15 @@ class RecordingStreams:
     pin = False
 
     def __init__(self) -> None:
+        self.scope = f"recording {id(self)}"
         self.forward = RecordingStream("forward")
         self.streams: list[RecordingStream] = []
         self._current: list[RecordingStream] = [self.forward]
         self._events = 0
+
+    def host_zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Zeroed host memory (not pinned)."""
+        return torch.zeros(shape, dtype=torch.uint8)
 
     def new_stream(self) -> RecordingStream:
         """A new recording stream."""

@@ -18,9 +18,11 @@ asynchronous loads), so nothing but the GPU orders them before the forward pass.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy
 import torch
@@ -248,34 +250,59 @@ def _host_copy(target: torch.Tensor, payload: memoryview, offset: int) -> None:
     numpy.copyto(destination, source.reshape(destination.shape))
 
 
+_LOADER_STREAMS: dict[str, list[Any]] = {}  # scope (a device) -> every tier's loader stream
+_LOADERS_LOCK = threading.Lock()
+
+
 class CopyStream:
     """Where a loader thread's copies into the KV cache run, off the forward pass.
 
     On the CPU a copy is done when ``copy_`` returns (torch releases the GIL meanwhile).
     On CUDA the copies go to a stream of their own, not the forward pass's, and leaving
-    ``active`` waits for them: a load is reported finished only once its blocks are in.
+    ``active`` waits for them (even when a copy raised): a load is reported finished only
+    once its blocks are in. Every tier's loader stream on a device is known to the others,
+    so that a fence orders all of them (``writers``).
     """
 
-    def __init__(self, device: torch.device):
-        self._device = device
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # type: ignore[no-untyped-call]
+    def __init__(self, device: torch.device, streams: Streams | None = None):
+        if streams is None and device.type == "cuda":
+            streams = CudaStreams(device)
+        self._streams = streams
+        self._stream = streams.new_stream() if streams is not None else None
+        if streams is not None:
+            with _LOADERS_LOCK:
+                _LOADER_STREAMS.setdefault(streams.scope, []).append(self._stream)
 
-    def writers(self) -> list[object]:
+    def writers(self) -> list[Any]:
         """The streams that write the KV cache: the forward pass's (the caller's current
-        stream) and this one; none on the host, where a copy is done when it returns."""
-        if self._stream is None:
+        stream) and every tier's loader stream on the device; none on the host, where a
+        copy is done when it returns."""
+        if self._streams is None:
             return []
-        return [torch.cuda.current_stream(self._device), self._stream]
+        with _LOADERS_LOCK:
+            loaders = list(_LOADER_STREAMS.get(self._streams.scope, ()))
+        return [self._streams.current(), *loaders]
 
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the copies made inside on this stream; wait for them on the way out."""
-        if self._stream is None:
+        if self._streams is None or self._stream is None:
             yield
             return
-        with torch.cuda.stream(self._stream):
-            yield
-        self._stream.synchronize()
+        try:
+            with self._streams.using(self._stream):
+                yield
+        finally:  # copies submitted before a failure still land before the load is reported
+            self._stream.synchronize()
+
+    def close(self) -> None:
+        """Forget this stream (its tier is closed)."""
+        if self._streams is None:
+            return
+        with _LOADERS_LOCK:
+            loaders = _LOADER_STREAMS.get(self._streams.scope, [])
+            if any(stream is self._stream for stream in loaders):
+                loaders[:] = [stream for stream in loaders if stream is not self._stream]
 
 
 def _current_cuda_device() -> int | None:

@@ -125,6 +125,8 @@ class WorkerBase(ABC):
     def close(self) -> None:
         """Stop loads and release threads."""
         self._loader.close()
+        if self._copies is not None:
+            self._copies.close()
 
     def _skey(self, key: BlockKey) -> bytes:
         return store_key(key, self._rank)

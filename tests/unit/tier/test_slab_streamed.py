@@ -142,3 +142,25 @@ def test_slot_events_keep_the_latest_save_and_each_streams_latest_load() -> None
     events.loaded([0], "forward", "l2")
     events.loaded([0, 3], "loader", "l3")
     assert events.loads_of([0]) == ["l2", "l3"] and events.loads_of([1, 2]) == []
+
+
+class _Handle:
+    """A stream as torch.cuda.current_stream() returns it: a new object each call, equal
+    (and hashing the same) where the CUDA stream is the same."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Handle) and other.handle == self.handle
+
+    def __hash__(self) -> int:
+        return hash(self.handle)
+
+
+def test_a_streams_loads_are_known_by_its_handle_not_by_its_python_object() -> None:
+    events = SlotEvents(2)
+    events.loaded([0], _Handle(7), "forward 1")
+    events.loaded([0], _Handle(9), "loader")
+    events.loaded([0], _Handle(7), "forward 2")  # the same stream, another object
+    assert events.loads_of([0]) == ["forward 2", "loader"]

@@ -13,7 +13,7 @@ from kvmux.codec import LayerSpec  # noqa: E402
 from kvmux.errors import CorruptEntry, UnsupportedLayout  # noqa: E402
 from kvmux.keys import namespace_id  # noqa: E402
 from kvmux.tier.streams import RecordingStreams  # noqa: E402
-from kvmux.tier.transfer import BlockMover  # noqa: E402
+from kvmux.tier.transfer import BlockMover, CopyStream  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "x"})
@@ -209,3 +209,29 @@ def test_staged_loads_reuse_their_host_buffer_and_never_wait_on_the_host() -> No
     target.copy_in_many([4, 5], entries)
     assert [b.data_ptr() for b, _ in target._staging._free] == [buffer.data_ptr()]
     assert all(event.host_waits == 0 for event in streams.forward.recorded)
+
+
+def test_a_fence_orders_every_tiers_loader_stream_on_the_device() -> None:
+    """Under MuxConnector each tier has a loader stream; a block one tier saved may be
+    loaded into by another's: each fence names them all, and the forward stream."""
+    streams = RecordingStreams()
+    memory, disk = (
+        CopyStream(torch.device("cpu"), streams),
+        CopyStream(torch.device("cpu"), streams),
+    )
+    assert memory.writers() == [streams.forward, *streams.streams]
+    assert disk.writers() == memory.writers() and len(streams.streams) == 2
+    disk.close()
+    assert memory.writers() == [streams.forward, streams.streams[0]]
+    memory.close()
+    assert CopyStream(torch.device("cpu")).writers() == []  # the host: nothing in flight
+
+
+def test_a_failed_load_still_waits_for_the_copies_it_submitted() -> None:
+    streams = RecordingStreams()
+    copies = CopyStream(torch.device("cpu"), streams)
+    with pytest.raises(OSError), copies.active():
+        assert streams.current() is streams.streams[0]
+        raise OSError("the store went away mid-load")
+    assert streams.streams[0].synchronized == 1 and streams.current() is streams.forward
+    copies.close()
