@@ -28,8 +28,9 @@ print(" ".join(m for m in ("blake3", "xxhash", "numpy") if importlib.util.find_s
 PY
 )
   if [[ -n "$missing" ]]; then
-    local wheels="${KVMUX_WHEELS:-scripts/wheels}" unpacked
+    local wheels="${KVMUX_WHEELS:-scripts/wheels}"
     unpacked=$(mktemp -d)
+    trap 'rm -rf "$unpacked"' EXIT
     for module in $missing; do
       local wheel
       wheel=$(ls "$wheels"/"$module"-*.whl 2>/dev/null | head -n 1 || true)
@@ -39,7 +40,7 @@ PY
         echo "kvmux gpu_check: python module '$module' is missing and no wheel is in $wheels." >&2
         echo "  On a machine with a network, fetch it (a few MiB) and carry it here:" >&2
         echo "    pip download $module --no-deps --only-binary=:all: --python-version $version \\" >&2
-        echo "      --platform manylinux_2_17_x86_64 -d $wheels" >&2
+        echo "      --platform manylinux_2_17_$(uname -m) -d $wheels" >&2
         exit 2
       fi
       "$python" -m zipfile -e "$wheel" "$unpacked"
@@ -51,7 +52,8 @@ PY
 if [[ "${1:-}" == "--quick" ]]; then
   shift
   find_quick_python
-  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" exec "$python" scripts/gpu_check_quick.py "$@"
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$python" scripts/gpu_check_quick.py "$@"
+  exit
 fi
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
