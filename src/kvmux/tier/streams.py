@@ -47,7 +47,8 @@ class CudaStreams:
 
     def __init__(self, device: torch.device):
         self._device = device
-        self.scope = str(device if device.index is not None else torch.device("cuda", 0))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.scope = f"cuda:{index}"
 
     def host_zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         """Zeroed host memory, page-locked in place with ``cudaHostRegister``.
