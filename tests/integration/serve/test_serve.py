@@ -149,9 +149,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         {"type": "memory", "capacity": "256MiB", "name": "memory"},
         {"type": "disk", "path": str(work / "disk"), "capacity": "1GiB", "name": "disk"},
     ]
-    kv = {
+    kv = {  # no kv_connector_module_path: kvmux's vLLM plugin registers the name
         "kv_connector": "MuxConnector",
-        "kv_connector_module_path": "kvmux.vllm",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"tiers": tiers},
     }
