@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 from kvmux.errors import KvmuxError
+from kvmux.mux.capabilities import capabilities_of
 from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
 from kvmux.policies.selection import SCORE_CAPS, Answer, Contribution, Offer, select
@@ -63,9 +64,9 @@ class MuxScheduler:
         # request (failed_recving), so only asynchronous offers are taken
         self.async_only = async_only
         self._declined: set[int] = set()  # children whose synchronous offer was declined
-        # children whose metadata names the blocks they load (``kvmux_load_blocks``): the
+        # children whose metadata names the blocks they load (``mux_load_blocks``): the
         # plan holds None for them, and the ids are read only if such a child fails
-        self._named = [hasattr(c, "kvmux_load_blocks") for c in children]
+        self._named = [capabilities_of(c).names_load_blocks for c in children]
         # this step's loads of those children: (child, blocks, first, end), read only if
         # the child has no metadata or is cut off when the step is taken
         self._unread: list[tuple[int, Any, int, int]] = []

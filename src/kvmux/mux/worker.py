@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvmux.mux.accounting import FinishTracker
+from kvmux.mux.capabilities import capabilities_of
 from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
 
@@ -92,7 +93,7 @@ class MuxWorker:
         self._every_layer_save: Sequence[LayerCall] = _NO_LAYER_CALLS
         # kvmux tiers: told which blocks failed in a sibling before they save (a tier
         # knows its own failures), so only a step with loads and siblings needs it
-        self._droppers = [c for c in self._all if hasattr(c[1], "kvmux_drop_saves_over")]
+        self._droppers = [c for c in self._all if capabilities_of(c[1]).drops_saves]
         self._siblings = len(self._all) > 1
         # whose wait_for_layer_load and save_kv_layer to call in this step
         self.layer_loads: Sequence[LayerCall] = _NO_LAYER_CALLS
@@ -106,23 +107,18 @@ class MuxWorker:
         self.refresh_layer_hooks()
 
     def refresh_layer_hooks(self) -> None:
-        """Note whose per-layer hooks do work: ``kvmux_layer_hooks`` (loads; any foreign
-        child) and ``kvmux_layer_saves`` (saves; the same unless said). A child may know
-        only once it adopted the KV cache, so this runs again after registering it."""
-
-        def loads(child: Any) -> bool:
-            return bool(getattr(child, "kvmux_layer_hooks", True))
-
-        def saves(child: Any) -> bool:
-            return bool(getattr(child, "kvmux_layer_saves", loads(child)))
-
-        self._layer_loaders = {i for i, child, _ in self._all if loads(child)}
-        self._layer_savers = {i for i, child, _ in self._all if saves(child)}
+        """Note each child's capabilities (``mux/capabilities.py``): whose per-layer hooks
+        do work (loads, any foreign child; saves, the same unless said) and who agrees its
+        loads with the other ranks. A child may know only once it adopted the KV cache, so
+        this runs again after registering it."""
+        self._caps = [capabilities_of(child) for _, child, _ in self._all]
+        self._layer_loaders = {i for i, _, _ in self._all if self._caps[i].layer_loads}
+        self._layer_savers = {i for i, _, _ in self._all if self._caps[i].saves_layers}
         doing = self._layer_loaders | self._layer_savers
         self._per_layer = [c for c in self._all if c[0] in doing]
         # children that say per step whether they have per-layer work: asked before each
         # step's layer calls (others, foreign connectors, are not asked: as MultiConnector)
-        self._asked = [c for c in self._per_layer if _says_layer_work(c[1])]
+        self._asked = [c for c in self._per_layer if self._caps[c[0]].layer_work_by_step]
         self._every_layer_load = [(i, c) for i, c, _ in self._all if i in self._layer_loaders]
         self._every_layer_save = [(i, c) for i, c, _ in self._all if i in self._layer_savers]
 
@@ -176,7 +172,7 @@ class MuxWorker:
     def _join_if_agreeing(self, i: int, child: Any, meta: Any) -> None:
         """A child left out of this step on this rank only, that agrees its loads with
         the other ranks (a collective): it joins them all the same, in ``start_loads``."""
-        if getattr(child, "kvmux_agrees_across_ranks", False) is True:
+        if self._caps[i].agrees_across_ranks:
             self._joiners[i] = meta
 
     def _expect(self, plan: MuxStepPlan) -> None:
@@ -223,7 +219,7 @@ class MuxWorker:
 
     def _quiet_layer_children(self) -> frozenset[int]:
         """Children with per-layer hooks that say they have no per-layer work this step
-        (``kvmux_layer_work_by_step``: their ``has_connector_metadata`` tells)."""
+        (``layer_work_by_step``: their ``has_connector_metadata`` tells)."""
         if not self._asked:
             return _NO_CHILDREN
         return frozenset(i for i, child, _ in self._asked if not _has_layer_work(child))
@@ -240,7 +236,7 @@ class MuxWorker:
         self._lost.add(i)
         lost = self._step.load_blocks.get(i)
         if lost is None and i in self._step.load_blocks:  # its metadata names them
-            lost = self.children[i].kvmux_load_blocks(self._metas[i])
+            lost = self.children[i].mux_load_blocks(self._metas[i])
         if lost:
             self.guards[i].note("load_errors", len(lost))
             self._load_errors.update(lost)
@@ -276,7 +272,7 @@ class MuxWorker:
                 continue
             if i not in loading:
                 continue
-            agrees = getattr(child, "kvmux_agrees_across_ranks", False) is True
+            agrees = self._caps[i].agrees_across_ranks
             if not guard.closed and not agrees:  # an agreeing child runs on every rank
                 args = (forward_context,)
                 method = child.start_load_kv
@@ -298,9 +294,9 @@ class MuxWorker:
 
     def _join(self, i: int, child: Any) -> None:
         try:
-            child.kvmux_join_agreement(self._joiners[i])
+            child.mux_join_agreement(self._joiners[i])
         except Exception as exc:
-            self.guards[i].fail("kvmux_join_agreement", exc)
+            self.guards[i].fail("mux_join_agreement", exc)
 
     def layer_failed(self, i: int, hook: str, exc: Exception) -> None:
         """Child ``i`` raised ``exc`` in a per-layer hook (a loop over ``layer_loads`` or
@@ -431,13 +427,12 @@ class MuxWorker:
         failed = self._gather_load_errors([c for c in self._all if c[0] in loading])
         if not failed:
             return
-        for _, child, guard in self._savers:
-            drop = getattr(child, "kvmux_drop_saves_over", None)
-            if drop is not None:
+        for i, child, guard in self._savers:
+            if self._caps[i].drops_saves:
                 try:
-                    drop(set(failed))
+                    child.mux_drop_saves_over(set(failed))
                 except Exception as exc:
-                    guard.fail("kvmux_drop_saves_over", exc)
+                    guard.fail("mux_drop_saves_over", exc)
 
     def load_errors(self) -> set[int]:
         """Blocks that failed to load this step, from any child or from the mux itself
@@ -446,12 +441,6 @@ class MuxWorker:
         if self.per_request_failures:
             errors = set()
         return _add_load_errors(self._all, errors)
-
-
-def _says_layer_work(child: Any) -> bool:
-    """Whether ``child`` declares that ``has_connector_metadata`` tells, step by step,
-    whether its per-layer hooks have work (as vLLM asks a connector alone)."""
-    return getattr(child, "kvmux_layer_work_by_step", False) is True
 
 
 def _has_layer_work(child: Any) -> bool:

@@ -22,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvmux.errors import ConfigError
+from kvmux.mux.capabilities import capabilities_of
 from kvmux.mux.guard import ChildGuard, Notices
 from kvmux.mux.sole import scheduler_class
 from kvmux.mux.worker import MuxWorker
@@ -92,7 +93,8 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
             self._child_paths[label] = connector_path(cls)
             breaker = CircuitBreaker(self.config.breaker_seconds, self.config.breaker_max_seconds)
             self._guards.append(ChildGuard(label, breaker, self._notices))
-        offset_capable = [bool(getattr(c, "kvmux_offset_loads", False)) for c in self._children]
+        capabilities = [capabilities_of(c) for c in self._children]  # mux/capabilities.py
+        offset_capable = [caps.offset_loads for caps in capabilities]
         block_size = int(vllm_config.cache_config.block_size)
         several_groups = _group_count(kv_cache_config) > 1  # failures go per request
         self._scheduler = scheduler_class(len(self._children))(
@@ -115,13 +117,11 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self._callers = {hook: _overriding(self._all, hook) for hook in BASE_NO_OPS}
         # kvmux tiers that publish no KV events have none to take
         self._callers["take_events"] = [
-            c for c in self._callers["take_events"] if getattr(c[1], "kvmux_publishes_events", True)
+            c for c in self._callers["take_events"] if capabilities[c[0]].publishes_events
         ]
         # children whose update_connector_output acts on their own worker metadata only
-        # (``kvmux_output_needs_meta``, a kvmux tier's) are not called without it
-        self._reads_meta = [
-            getattr(c, "kvmux_output_needs_meta", None) is True for c in self._children
-        ]
+        # (``output_needs_meta``, a kvmux tier's) are not called without it
+        self._reads_meta = [caps.output_needs_meta for caps in capabilities]
         self._readers = [
             c for c in self._callers["update_connector_output"] if not self._reads_meta[c[0]]
         ]

@@ -30,6 +30,7 @@ from kvmux.config import (
 from kvmux.errors import UnkeyableInput
 from kvmux.keys import namespace_id
 from kvmux.metrics import GAUGES, TierStats
+from kvmux.mux.capabilities import Capabilities
 from kvmux.stores import KVStore, open_store
 from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
 from kvmux.tier.plan import TierStepPlan
@@ -115,24 +116,28 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
     below them) and as a failed request with several (vLLM recomputes it).
     """
 
-    kvmux_offset_loads = True  # can load a range that starts past the computed tokens
-    kvmux_layer_saves = False  # save_kv_layer does nothing: a parent may skip it
-    # has_connector_metadata says whether this step has per-layer work: a parent may ask
-    kvmux_layer_work_by_step = True
-    # update_connector_output acts on the tier's own worker metadata only: a parent may
-    # skip it in a step without any
-    kvmux_output_needs_meta = True
+    def mux_capabilities(self) -> Capabilities:
+        """What a MuxConnector may skip or coordinate for this tier (``SupportsMux``):
+        it loads from any offset; save_kv_layer does nothing; wait_for_layer_load works
+        only for a memory tier copying loads layer by layer, and has_connector_metadata
+        says per step whether it does; update_connector_output acts on the tier's own
+        metadata only; events come only where the engine publishes them; loads agree
+        across tensor-parallel ranks where the worker does (both known once the worker
+        adopted the KV cache)."""
+        return Capabilities(
+            offset_loads=True,
+            layer_loads=self._copies_by_layer(),
+            layer_saves=False,
+            layer_work_by_step=True,
+            output_needs_meta=True,
+            publishes_events=self._events is not None,
+            agrees_across_ranks=self._worker is not None and self._worker.agrees_with_ranks,
+            names_load_blocks=True,
+            drops_saves=True,
+        )
 
-    @property
-    def kvmux_publishes_events(self) -> bool:
-        """Whether take_events may return anything (the engine publishes KV events); a
-        parent may skip it if not."""
-        return self._events is not None
-
-    @property
-    def kvmux_layer_hooks(self) -> bool:
-        """Whether wait_for_layer_load does work: the memory tier copying loads layer by
-        layer (decided when the worker adopts the KV cache); a parent may skip it if not."""
+    def _copies_by_layer(self) -> bool:
+        """Whether wait_for_layer_load does work (the memory tier copying by layer)."""
         worker = getattr(self, "_worker", None)
         return worker is not None and worker.copies_by_layer
 
@@ -349,7 +354,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         and calls ``wait_for_layer_load`` and ``save_kv_layer`` only if so. Only a memory
         tier copying a step's loads layer by layer has any."""
         plan = self._plan()
-        return plan is not None and bool(plan.loads) and self.kvmux_layer_hooks
+        return plan is not None and bool(plan.loads) and self._copies_by_layer()
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Load the synchronous loads' blocks now; start the asynchronous loads."""
@@ -382,20 +387,14 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         if plan is not None:
             self._worker.save(plan)
 
-    @property
-    def kvmux_agrees_across_ranks(self) -> bool:
-        """Whether ``start_load_kv`` runs a collective with the other tensor-parallel
-        ranks (a MuxConnector then calls it on every rank, past an open breaker)."""
-        return self._worker is not None and self._worker.agrees_with_ranks
-
-    def kvmux_join_agreement(self, meta: KVConnectorMetadata) -> None:
+    def mux_join_agreement(self, meta: KVConnectorMetadata) -> None:
         """This rank leaves the step's loads out (a MuxConnector's breaker or a failed
         bind, rank-local): join the other ranks' collective, every load failed."""
         if self._worker is not None and isinstance(meta, StoreConnectorMetadata):
             self._worker.join_agreement(meta.plan.loads)
 
     @staticmethod
-    def kvmux_load_blocks(meta: KVConnectorMetadata) -> list[int]:
+    def mux_load_blocks(meta: KVConnectorMetadata) -> list[int]:
         """Ids of the blocks ``meta`` loads, for a MuxConnector to name if this tier fails."""
         assert isinstance(meta, StoreConnectorMetadata)
         plan = meta.plan
@@ -403,7 +402,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         ids += [t.block_id for load in plan.async_loads for t in load.transfers]
         return ids
 
-    def kvmux_drop_saves_over(self, block_ids: set[int]) -> None:
+    def mux_drop_saves_over(self, block_ids: set[int]) -> None:
         """Blocks a sibling failed to load this step: save nothing computed over them."""
         if self._worker is not None:
             self._worker.drop_saves_over(block_ids)

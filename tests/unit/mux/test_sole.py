@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kvmux.mux.capabilities import Capabilities
 from kvmux.mux.guard import ChildGuard, Notices
 from kvmux.mux.plan import MuxStepPlan
 from kvmux.mux.scheduler import MuxScheduler
@@ -41,8 +42,10 @@ class Child:
         self.raises: set[str] = set()
         self.finish: tuple[bool, dict[str, Any] | None] = (False, None)
         self.told: list[tuple[str, Any]] = []
-        if names_blocks:
-            self.kvmux_load_blocks = True
+        self.names_blocks = names_blocks
+
+    def mux_capabilities(self) -> Capabilities:
+        return Capabilities(names_load_blocks=self.names_blocks)
 
     def _hook(self, name: str) -> None:
         if name in self.raises:

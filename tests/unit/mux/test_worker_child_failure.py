@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kvmux.mux.capabilities import Capabilities
 from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
 from kvmux.mux.worker import MuxWorker, TransferResult
@@ -44,7 +45,8 @@ class ThreadedChild:
     """Loads on a thread per request that writes its blocks once ``go`` is set, and reports
     each finished load once; its results call raises while ``broken``."""
 
-    kvmux_layer_hooks = False  # no per-layer work: the loads run on the threads
+    def mux_capabilities(self) -> Capabilities:
+        return Capabilities(layer_loads=False)  # no per-layer work: loads run on threads
 
     def __init__(self, cache: dict[int, str]):
         self.cache = cache  # block id -> whose KV it holds

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kvmux.mux.capabilities import Capabilities
 from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import MuxStepPlan
 from kvmux.mux.worker import MuxWorker
@@ -16,8 +17,8 @@ from kvmux.policies.breaker import CircuitBreaker
 class AgreeingChild:
     """Counts the collectives it would enter: a load, or a join with every load failed."""
 
-    kvmux_layer_hooks = False
-    kvmux_agrees_across_ranks = True
+    def mux_capabilities(self) -> Capabilities:
+        return Capabilities(layer_loads=False, agrees_across_ranks=True)
 
     def __init__(self, bind_fails: bool = False) -> None:
         self.collectives: list[str] = []
@@ -33,7 +34,7 @@ class AgreeingChild:
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self.collectives.append("load")
 
-    def kvmux_join_agreement(self, meta: Any) -> None:
+    def mux_join_agreement(self, meta: Any) -> None:
         self.collectives.append("join")
 
     def wait_for_save(self) -> None:

@@ -16,7 +16,7 @@ Script keys (all optional):
     params            kv_transfer_params returned by request_finished
     layout            get_required_kvcache_layout's answer
     piecewise         requires_piecewise_for_cudagraph's answer
-    offset_capable    the kvmux_offset_loads attribute MuxConnector reads
+    offset_capable    Capabilities.offset_loads, which MuxConnector reads
     finished_sending  request ids get_transfer_results reports (one shot, then cleared)
     finished_recving  ditto
     failed_recving    ditto
@@ -26,15 +26,15 @@ Script keys (all optional):
     reset             reset_cache's answer
     stats             data of the ScriptedStats get_kv_connector_stats returns
     worker_meta       a set of tags: build_connector_worker_meta returns ScriptedWorkerMeta
-    needs_meta        the kvmux_output_needs_meta attribute (as a kvmux tier's)
-    publishes_events  the kvmux_publishes_events attribute (as a kvmux tier's)
+    needs_meta        Capabilities.output_needs_meta (as a kvmux tier's)
+    publishes_events  Capabilities.publishes_events (as a kvmux tier's)
 """
 
 from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -49,6 +49,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
 )
+
+from kvmux.mux.capabilities import Capabilities
 
 MODULE = __name__  # the kv_connector_module_path of the scripted children
 
@@ -165,17 +167,27 @@ class ScriptedConnector(KVConnectorBase_V1):
         extra = _extra(vllm_config)
         self.name = str(extra.get("name", "scripted"))
         self.script = SCRIPTS.setdefault(self.name, copy.deepcopy(extra))
-        self.kvmux_offset_loads = bool(self.script.get("offset_capable", False))
+        self.capabilities = Capabilities(  # what MuxConnector reads (mux/capabilities.py)
+            offset_loads=bool(self.script.get("offset_capable", False)),
+            names_load_blocks="names_loads" in self.script,  # as a kvmux tier's metadata
+            output_needs_meta=bool(self.script.get("needs_meta", False)),
+            publishes_events=bool(self.script.get("publishes_events", True)),
+            drops_saves=True,
+        )
         self.kv_transfer_config = vllm_config.kv_transfer_config
         self._loads: list[tuple[str, int]] = []
         self._step = 0
         self._record("__init__", self.kv_transfer_config)
-        if "names_loads" in self.script:  # its metadata names its loads, as a kvmux tier's
-            self.kvmux_load_blocks = self._named_loads
-        if "needs_meta" in self.script:  # as a kvmux tier's update_connector_output
-            self.kvmux_output_needs_meta = bool(self.script["needs_meta"])
-        if "publishes_events" in self.script:  # as a kvmux tier's take_events
-            self.kvmux_publishes_events = bool(self.script["publishes_events"])
+
+    def mux_capabilities(self) -> Capabilities:
+        return self.capabilities
+
+    def declare(self, **changes: Any) -> None:
+        """Change what this child states to MuxConnector (``Capabilities`` fields)."""
+        self.capabilities = replace(self.capabilities, **changes)
+
+    def mux_load_blocks(self, meta: Any) -> list[int]:
+        return self._named_loads(meta)
 
     @staticmethod
     def _named_loads(meta: ScriptedMetadata) -> list[int]:
@@ -297,8 +309,8 @@ class ScriptedConnector(KVConnectorBase_V1):
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         self._record("handle_preemptions", kv_connector_metadata)
 
-    def kvmux_drop_saves_over(self, block_ids: set[int]) -> None:
-        self._record("kvmux_drop_saves_over", set(block_ids))
+    def mux_drop_saves_over(self, block_ids: set[int]) -> None:
+        self._record("mux_drop_saves_over", set(block_ids))
 
     def get_finished_count(self) -> int | None:
         self._record("get_finished_count")

@@ -394,16 +394,16 @@ def test_every_load_error_reaches_the_tiers_before_any_child_saves() -> None:
     step = engine.step()
     assert step.load_errors == {101}
     for name in ("a", "b"):
-        assert args_of(name, "kvmux_drop_saves_over") == [({101},)]
+        assert args_of(name, "mux_drop_saves_over") == [({101},)]
         hooks = [hook for child, hook in scripted.ORDER if child == name]
-        assert hooks.index("kvmux_drop_saves_over") < hooks.index("wait_for_save")
+        assert hooks.index("mux_drop_saves_over") < hooks.index("wait_for_save")
 
 
 def test_no_load_error_no_drop() -> None:
     engine = compose_engine()
     engine.schedule(request(), computed=16)
     assert engine.step().load_errors == set()
-    assert args_of("b", "kvmux_drop_saves_over") == []
+    assert args_of("b", "mux_drop_saves_over") == []
 
 
 def test_only_the_steps_loaders_are_asked_for_load_errors_before_the_saves() -> None:
@@ -430,7 +430,7 @@ def test_a_lone_tier_settles_its_own_load_errors() -> None:
     assert engine.step().load_errors == {101}
     hooks = [hook for _, hook in scripted.ORDER]
     assert hooks.index("get_block_ids_with_load_errors") > hooks.index("wait_for_save")
-    assert args_of("a", "kvmux_drop_saves_over") == []
+    assert args_of("a", "mux_drop_saves_over") == []
 
 
 def test_metadata_bound_to_each_child_in_order() -> None:
@@ -477,8 +477,8 @@ def test_every_child_gets_the_worker_hooks() -> None:
 def test_per_layer_hooks_go_only_to_children_they_do_work_for() -> None:
     engine = Engine(child("a"), child("b"))
     a, b = engine.worker.children
-    a.kvmux_layer_saves = False  # e.g. a kvmux tier copying only its loads layer by layer
-    b.kvmux_layer_hooks = False  # e.g. a kvmux tier copying whole steps
+    a.declare(layer_saves=False)  # e.g. a kvmux tier copying only its loads layer by layer
+    b.declare(layer_loads=False)  # e.g. a kvmux tier copying whole steps
     engine.worker.register_kv_caches({"layer.0": KV_LAYER})  # children decide, the mux asks
     engine.step()
     assert args_of("a", "wait_for_layer_load") == [("layer.0",)]
@@ -489,7 +489,7 @@ def test_per_layer_hooks_go_only_to_children_they_do_work_for() -> None:
 def test_no_per_layer_calls_in_a_step_without_per_layer_work() -> None:
     engine = Engine(child("a"), child("b"))
     for c in engine.worker.children:
-        c.kvmux_layer_hooks = False  # kvmux tiers copying whole steps
+        c.declare(layer_loads=False)  # kvmux tiers copying whole steps
     engine.worker.register_kv_caches({"layer.0": KV_LAYER})
     engine.worker.bind_connector_metadata(engine.meta())
     assert not engine.worker.has_connector_metadata()  # vLLM skips both hooks per layer
@@ -503,8 +503,8 @@ def test_no_per_layer_calls_in_a_step_without_per_layer_work() -> None:
 def test_per_layer_calls_while_a_child_works_per_layer() -> None:
     engine = Engine(child("a"), child("b"))
     a, b = engine.worker.children
-    a.kvmux_layer_saves = False  # loads layer by layer, saves whole steps
-    b.kvmux_layer_hooks = False
+    a.declare(layer_saves=False)  # loads layer by layer, saves whole steps
+    b.declare(layer_loads=False)
     engine.worker.register_kv_caches({"layer.0": KV_LAYER})
     engine.worker.bind_connector_metadata(engine.meta())
     assert engine.worker.has_connector_metadata()
@@ -516,7 +516,7 @@ def test_a_child_without_per_layer_work_this_step_gets_no_per_layer_calls() -> N
     engine = Engine(child("a"), child("b"))
     a, b = engine.worker.children
     for c in (a, b):
-        c.kvmux_layer_work_by_step = True  # a kvmux tier: its answer is per step
+        c.declare(layer_work_by_step=True)  # a kvmux tier: its answer is per step
     engine.worker.register_kv_caches({"layer.0": KV_LAYER})  # children decide, the mux asks
     a.has_connector_metadata = lambda: False  # e.g. a memory tier with no load this step
     engine.step()
@@ -535,7 +535,7 @@ def test_a_child_that_cannot_say_whether_it_works_per_layer_is_called() -> None:
     def broken() -> bool:
         raise RuntimeError("no answer")
 
-    a.kvmux_layer_work_by_step = True
+    a.declare(layer_work_by_step=True)
     engine.worker.register_kv_caches({"layer.0": KV_LAYER})
     a.has_connector_metadata = broken
     engine.step()

@@ -428,8 +428,8 @@ def test_the_metadata_names_every_block_it_loads() -> None:
     sync = [BlockTransfer(key, 7), BlockTransfer(key, 8, group=1)]
     late = RequestLoad("r2", 0, ((BlockTransfer(key, 11),), (BlockTransfer(key, 12),)))
     meta = StoreConnectorMetadata(TierStepPlan(loads=sync, async_loads=[late]))
-    assert StoreConnector.kvmux_load_blocks(meta) == [7, 8, 11, 12]
-    assert StoreConnector.kvmux_load_blocks(StoreConnectorMetadata()) == []
+    assert StoreConnector.mux_load_blocks(meta) == [7, 8, 11, 12]
+    assert StoreConnector.mux_load_blocks(StoreConnectorMetadata()) == []
 
 
 def _allocating(
@@ -495,9 +495,9 @@ def test_binding_a_plan_fences_the_forward_pass_before_anything_runs(
 
 def test_a_parent_may_skip_the_calls_that_would_do_nothing() -> None:
     connector = scheduler(MEMORY)  # no KV events published
-    assert connector.kvmux_publishes_events is False
+    assert connector.mux_capabilities().publishes_events is False
     assert list(connector.take_events()) == []
-    assert connector.kvmux_output_needs_meta is True
+    assert connector.mux_capabilities().output_needs_meta is True
     connector.update_connector_output(KVConnectorOutput(invalid_block_ids={1}))  # nothing to do
 
 

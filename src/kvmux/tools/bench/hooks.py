@@ -45,6 +45,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput
 
+from kvmux.mux.capabilities import Capabilities
 from kvmux.vllm.mux_connector import MuxConnector
 
 __all__ = ["WORKLOADS", "BenchSettings", "format_table", "main", "measure_hooks"]
@@ -74,7 +75,7 @@ WORKER_HOOKS = (
     "get_kv_connector_kv_cache_events",
     "build_connector_worker_meta",
     "clear_connector_metadata",
-    "kvmux_drop_saves_over",  # MuxConnector's own: a kvmux tier's work, so children's time
+    "mux_drop_saves_over",  # MuxConnector's own: a kvmux tier's work, so children's time
 )
 
 
@@ -191,8 +192,9 @@ class BenchTier(BenchChild):
     """Like a kvmux tier: loads at any offset, whole steps at once (nothing per layer), and
     hears which blocks a sibling failed to load."""
 
-    kvmux_offset_loads = True
-    kvmux_layer_hooks = False
+    def mux_capabilities(self) -> Capabilities:
+        """Loads at any offset; nothing per layer; drops saves over a sibling's failure."""
+        return Capabilities(offset_loads=True, layer_loads=False, drops_saves=True)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing per layer."""
@@ -200,7 +202,7 @@ class BenchTier(BenchChild):
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
         """Nothing per layer."""
 
-    def kvmux_drop_saves_over(self, block_ids: set[int]) -> None:
+    def mux_drop_saves_over(self, block_ids: set[int]) -> None:
         """Blocks a sibling failed to load (MuxConnector tells it before the saves)."""
         self._count("dropped", len(block_ids))
 
