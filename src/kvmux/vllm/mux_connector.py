@@ -686,9 +686,19 @@ def _refuse_hybrid_without_hma(
 
 
 def _overriding(children: list[Child], hook: str) -> list[Child]:
-    """The children whose class overrides ``hook`` of the base class."""
+    """The children that may do something in ``hook``: their class overrides the base
+    class's no-op, the instance has its own, or the class intercepts every attribute
+    (a ``__getattribute__`` wrapper, as vLLM's own MultiConnector tests record calls)."""
     base = getattr(KVConnectorBase_V1, hook)
-    return [child for child in children if getattr(type(child[1]), hook, None) is not base]
+    return [child for child in children if _may_override(child[1], hook, base)]
+
+
+def _may_override(connector: Any, hook: str, base: Any) -> bool:
+    cls = type(connector)
+    if getattr(cls, hook, None) is not base or hook in getattr(connector, "__dict__", {}):
+        return True
+    intercepts: Any = cls.__getattribute__
+    return intercepts is not object.__getattribute__
 
 
 def _group_count(kv_cache_config: KVCacheConfig | None) -> int:
