@@ -108,6 +108,18 @@ def _connector_class(path: str) -> type[KVConnectorBase_V1] | None:
     return found
 
 
+def _registered_class(name: str) -> type[KVConnectorBase_V1] | None:
+    """The connector registered with vLLM's factory as ``name``; None (logged) if none."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    try:
+        found: Any = KVConnectorFactory.get_connector_class_by_name(name)
+    except (ValueError, ImportError, AttributeError) as exc:
+        log.warning("kvmux mux: cannot rebuild the stats of %s: %r", name, exc)
+        return None
+    return found if isinstance(found, type) else None
+
+
 @dataclass
 class MuxConnectorStats(KVConnectorStats):
     """Each child's own ``KVConnectorStats`` under its label ("0:memory"), kept by its class.
@@ -147,13 +159,18 @@ class MuxConnectorStats(KVConnectorStats):
                 stats.data[label] = value
             elif isinstance(value, dict) and value.get("connector"):
                 child_cls = _connector_class(str(value["connector"]))
-                rebuilt = None
-                if child_cls is not None:
-                    rebuilt = child_cls.build_kv_connector_stats(data=value.get("stats"))
-                if rebuilt is not None:
-                    stats.data[label] = rebuilt
-                    stats.connectors[label] = str(value["connector"])
+                stats.rebuild(label, child_cls, value.get("stats"), str(value["connector"]))
+            elif isinstance(value, dict):  # MultiConnector's form: the stats of a named child
+                name = label.partition(":")[2] or label
+                stats.rebuild(label, _registered_class(name), value, name)
         return stats
+
+    def rebuild(self, label: str, child_cls: Any, data: Any, connector: str) -> None:
+        """Child ``label``'s stats rebuilt by its class's ``build_kv_connector_stats``."""
+        rebuilt = child_cls.build_kv_connector_stats(data=data) if child_cls else None
+        if rebuilt is not None:
+            self.data[label] = rebuilt
+            self.connectors[label] = connector
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         """Each child's stats aggregated by its own class; the mux's counters summed."""

@@ -222,6 +222,16 @@ class TestMultiConnectorStats:
         assert rebuilt.data["bytes_transferred"] == [1024, 2048]
         assert rebuilt.data["num_descriptors"] == [10, 20]
 
+    def test_build_kv_connector_stats_in_multiconnectors_own_form(self) -> None:
+        """MultiConnector's payload names each child's registered connector, with no
+        ``connectors`` map: the label's name is resolved through vLLM's registry."""
+        payload = {"0:NixlConnector": {"transfer_duration": [1.5], "post_duration": [0.1]}}
+        stats = MuxConnector.build_kv_connector_stats(data=payload)
+        rebuilt = stats.data["0:NixlConnector"]
+        assert isinstance(rebuilt, NixlKVConnectorStats)
+        assert rebuilt.data["transfer_duration"] == [1.5]
+        assert stats.connectors["0:NixlConnector"] == "NixlConnector"
+
     def test_build_kv_connector_stats_with_multiple_connectors(self, model_dir: str) -> None:
         """Every child is rebuilt by its own class, under its label; two children of one
         class stay apart."""
