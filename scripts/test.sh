@@ -8,6 +8,7 @@ KVMUX_WITH_REDIS=1 bash scripts/setup.sh
 .venv/bin/mypy
 .venv/bin/ruff check scripts/gpu_check_quick.py scripts/gpu_engine_check.py
 .venv/bin/mypy scripts/gpu_check_quick.py scripts/gpu_engine_check.py
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d "$(mktemp -d)"
 # the GPU check's CPU mode: no vLLM importable, no network (it refuses both)
 PYTHON=.venv/bin/python bash scripts/gpu_check.sh --quick --device cpu --json bench-results/gpu-check-cpu.json
 .venv/bin/python -m pytest -q --durations=30 "$@"
