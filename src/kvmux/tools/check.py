@@ -47,7 +47,13 @@ def _parse_json(text: str) -> Mapping[str, Any]:
 
 
 def _is_kvmux(fields: Mapping[str, Any], name: str) -> bool:
-    return fields.get("kv_connector") == name and fields.get("kv_connector_module_path") == MODULE
+    """Whether ``fields`` name kvmux's ``name``: by module path, or by the name alone,
+    which kvmux's vLLM plugin registers."""
+    return fields.get("kv_connector") == name and _kvmux_path(fields)
+
+
+def _kvmux_path(fields: Mapping[str, Any]) -> bool:
+    return fields.get("kv_connector_module_path") in (None, MODULE)
 
 
 def check_config(text: str) -> list[str]:
@@ -59,8 +65,10 @@ def check_config(text: str) -> list[str]:
     name = data.get("kv_connector")
     if name not in CONNECTORS:
         raise ConfigError("kv_connector", f"{name!r} is not a kvmux connector", CONNECTORS)
-    if data.get("kv_connector_module_path") != MODULE:
-        raise ConfigError("kv_connector_module_path", "must name kvmux's adapter", MODULE)
+    if not _kvmux_path(data):
+        raise ConfigError(
+            "kv_connector_module_path", "must name kvmux's adapter, or be left out", MODULE
+        )
     extra = data.get("kv_connector_extra_config") or {}
     if name == "StoreConnector":
         return [f"StoreConnector over the {_spec_line(parse_store_connector_config(extra).store)}"]

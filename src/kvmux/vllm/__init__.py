@@ -1,6 +1,7 @@
 """The vLLM adapter: the only part of kvmux that imports vLLM.
 
-Load a connector with ``kv_connector_module_path="kvmux.vllm"`` and
+Load a connector by name (kvmux's vLLM plugin registers both; ``kvmux.vllm.plugin``), or
+with ``kv_connector_module_path="kvmux.vllm"``, and
 ``kv_connector="StoreConnector"`` or ``kv_connector="MuxConnector"``.
 """
 

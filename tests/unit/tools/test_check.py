@@ -54,6 +54,21 @@ def test_a_store_connector_config(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "pw" not in out
 
 
+def test_a_config_without_module_path_names_kvmux_by_its_registered_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """kvmux's vLLM plugin registers both names: the module path may be left out."""
+    store = {"type": "memory", "capacity": "1GiB"}
+    child = {"kv_connector": "StoreConnector", "kv_connector_extra_config": {"store": store}}
+    config = {
+        "kv_connector": "MuxConnector",
+        "kv_connector_extra_config": {"connectors": [child]},
+    }
+    status, out, _ = run(config, capsys)
+    assert status == 0
+    assert "0:memory: memory tier" in out
+
+
 def test_a_tier_that_saves_generated_blocks_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     store = {"type": "memory", "capacity": "1GiB", "offload_prompt_only": False}
     config = {**MUX, "kv_connector_extra_config": {"tiers": [store]}}
