@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvmux.mux.accounting import FinishTracker
@@ -104,6 +104,9 @@ class MuxWorker:
         self._joiners: dict[int, Any] = {}
         self._lost: set[int] = set()  # children whose loads of this step are lost
         self._done_recving: set[str] = set()
+        # request -> child -> its prefix replay checkpoint (vLLM main), until the request's
+        # receive is reported: see _release_checkpoints
+        self._checkpoints: dict[str, dict[int, Any]] = {}
         self.refresh_layer_hooks()
 
     def refresh_layer_hooks(self) -> None:
@@ -343,9 +346,15 @@ class MuxWorker:
         self._bound = self._loaders = self._savers = _NONE
         self.layer_loads = self.layer_saves = _NO_LAYER_CALLS
 
-    def transfer_results(self, finished_req_ids: set[str], into: TransferResult) -> None:
+    def transfer_results(
+        self,
+        finished_req_ids: set[str],
+        into: TransferResult,
+        checkpoints: dict[str, Any] | None = None,
+    ) -> None:
         """Each request finished once, after every child that owes it reported: added to
-        ``into`` (sending, recving, failed recving)."""
+        ``into`` (sending, recving, failed recving); the prefix replay checkpoints that go
+        out with those receives (vLLM main) to ``checkpoints``."""
         sending, recving, failed_into = into
         if self._done_recving:
             recving |= self._done_recving
@@ -355,6 +364,9 @@ class MuxWorker:
                 result = child.get_transfer_results(finished_req_ids)
                 failed_recving, finished_recving = result.failed_recving, result.finished_recving
                 finished_sending = result.finished_sending
+                found = getattr(result, "prefix_replay_checkpoints", None)  # vLLM main
+                if found:
+                    self._note_checkpoints(i, found)
             except Exception as exc:  # what it owes waits: its threads may still use it
                 guard.fail("get_transfer_results", exc)
                 self._hold(i)
@@ -373,6 +385,28 @@ class MuxWorker:
             self.sending.take_failed(sending)  # a failed save is only a future miss
         if recving:
             failed_into |= self.recving.take_failed(recving)
+        if self._checkpoints:
+            self._release_checkpoints(finished_req_ids, recving, failed_into, checkpoints)
+
+    def _note_checkpoints(self, i: int, found: Mapping[str, Any]) -> None:
+        """Keep child ``i``'s prefix replay checkpoints until their requests' receives."""
+        for req_id, checkpoint in found.items():
+            self._checkpoints.setdefault(req_id, {})[i] = checkpoint
+
+    def _release_checkpoints(
+        self,
+        finished: set[str],
+        recving: set[str],
+        failed: set[str],
+        into: dict[str, Any] | None,
+    ) -> None:
+        """Send a checkpoint with its receive if that did not fail and no child's differs."""
+        pending = self._checkpoints
+        for req_id in [r for r in pending if r in recving or r in finished]:
+            found = list(pending.pop(req_id).values())
+            agreed = all(checkpoint == found[0] for checkpoint in found)
+            if into is not None and agreed and req_id in recving and req_id not in failed:
+                into[req_id] = found[0]
 
     def _hold(self, i: int) -> None:
         """Child ``i``'s results call raised: hold what it owes, its loads failed.

@@ -133,6 +133,8 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         # the engine may idle, so the counters go out with that step (never below 0: a
         # vLLM that does not call on_new_request reports at every finish)
         self._live = 0
+        # request -> children that took its partial tail (register_finished_partial_tail)
+        self._tail_keepers: dict[str, list[int]] = {}
         prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
         labels = ", ".join(g.label for g in self._guards)
         log.info("kvmux MuxConnector (%s, policy %s): %s", role.name, self.config.policy, labels)
@@ -163,15 +165,14 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     @property
     def requires_kv_delivery(self) -> bool:
-        """True if any child hands off KV that must be delivered."""
-        return any(c.requires_kv_delivery for c in self._children)
+        """True if any child hands off KV that must be delivered (a child that raises: True)."""
+        return any(self._each_call("requires_kv_delivery", _delivers, True))
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
-        """Only when every child does."""
-        return bool(self._children) and all(
-            c.supports_divergent_local_hybrid_hits for c in self._children
-        )
+        """Only when there are children and every one does (a child that raises does not)."""
+        found = self._each_call("supports_divergent_local_hybrid_hits", _divergent, False)
+        return bool(found) and all(found)
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
@@ -316,6 +317,49 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         """Each contributor gets its share; every other child gets 0."""
         self._scheduler.after_alloc(request, blocks, num_external_tokens)
 
+    def can_load_prefix_replay_checkpoint(
+        self, request: Request, num_local_tokens: int, num_external_tokens: int
+    ) -> bool:
+        """(vLLM main) The answer of the child whose planned load covers the hit's end.
+
+        That child loads the replay-managed state at the hit's end, so its checkpoint is
+        the one that counts (MultiConnector asks its one loader). It is asked from its own
+        start on; no such child, or one cut off, answers False (vLLM replays).
+        """
+        end = num_local_tokens + num_external_tokens
+        loader = self._loader_at(request.request_id, end)
+        if loader is None or self._guards[loader[0]].cut_off():
+            return False
+        start = max(num_local_tokens, loader[1])
+        args = (request, start, end - start)
+        return self._ask_loader(loader[0], "can_load_prefix_replay_checkpoint", args)
+
+    def consume_prefix_replay_checkpoint(self, request: Request, num_hit_tokens: int) -> bool:
+        """(vLLM main) The answer of the child whose planned load covers ``num_hit_tokens``.
+
+        Routed as ``can_load_prefix_replay_checkpoint``: that child's worker reported the
+        checkpoint of this boundary (``MuxWorker`` sends it with the request's receive).
+        """
+        loader = self._loader_at(request.request_id, num_hit_tokens)
+        if loader is None:
+            return False
+        args = (request, num_hit_tokens)
+        return self._ask_loader(loader[0], "consume_prefix_replay_checkpoint", args)
+
+    def _loader_at(self, req_id: str, token: int) -> tuple[int, int] | None:
+        """(child, start) of the request's planned load whose range ends at or covers ``token``."""
+        for c in self._scheduler.contributions(req_id):
+            if c.start < token <= c.end:
+                return c.child, c.start
+        return None
+
+    def _ask_loader(self, i: int, hook: str, args: tuple[Any, ...]) -> bool:
+        """Child ``i``'s ``hook(*args)``, guarded: False if it raised or has no such hook."""
+        method = getattr(self._children[i], hook, None)
+        if method is None:  # a vLLM without the hook
+            return False
+        return bool(self._guards[i].invoke(hook, method, args, False, always=True))
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """Children's metadata in order plus the mux's own plan."""
         metas: list[KVConnectorMetadata | None] = []
@@ -368,6 +412,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
                 guard.fail("request_finished", exc)
                 results.append(_NOT_FINISHED)
         self._last_finished()
+        results = self._tail_savers(request.request_id, results)
         return self._scheduler.finished(request.request_id, results)
 
     def request_finished_all_groups(
@@ -385,6 +430,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
                 guard.fail("request_finished_all_groups", exc)
                 results.append(_NOT_FINISHED)
         self._last_finished()
+        results = self._tail_savers(request.request_id, results)
         return self._scheduler.finished(request.request_id, results)
 
     def _last_finished(self) -> None:
@@ -397,16 +443,28 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
     def register_finished_partial_tail(
         self, request: Request, block_ids: Any, partial_tail_offloads: Any
     ) -> bool:
-        """True if any child takes the partial tail."""
-        return any(
-            self._each(
-                "register_finished_partial_tail",
-                request,
-                block_ids,
-                partial_tail_offloads,
-                default=False,
-            )
+        """True if any child takes the partial tail; each that does owes the request's
+        finished sending, as an async saver (``_tail_savers``, read by request_finished)."""
+        taken = self._each(
+            "register_finished_partial_tail",
+            request,
+            block_ids,
+            partial_tail_offloads,
+            default=False,
         )
+        keepers = [i for i, took in enumerate(taken) if took]
+        if keepers:
+            self._tail_keepers[request.request_id] = keepers
+        return bool(keepers)
+
+    def _tail_savers(
+        self, req_id: str, results: list[tuple[bool, dict[str, Any] | None]]
+    ) -> list[tuple[bool, dict[str, Any] | None]]:
+        """``results`` with each child that took the request's partial tail saving async."""
+        keepers = self._tail_keepers.pop(req_id, None) if self._tail_keepers else None
+        for i in keepers or ():
+            results[i] = (True, results[i][1])
+        return results
 
     def take_events(self) -> Iterable[Any]:
         """Events of every child (a list only when there are some)."""
@@ -568,10 +626,14 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Each request once, after all of its loaders (or savers) finished."""
         results = KVConnectorTransferResults()
+        checkpoints: dict[str, Any] = {}
         self._worker.transfer_results(
             finished_req_ids,
             (results.finished_sending, results.finished_recving, results.failed_recving),
+            checkpoints,
         )
+        if checkpoints:  # a field of vLLM main's results: see MuxWorker._release_checkpoints
+            results.prefix_replay_checkpoints = checkpoints  # type: ignore[attr-defined]
         return results
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -683,6 +745,16 @@ def _refuse_hybrid_without_hma(
             f"{', '.join(unable)} cannot handle: start vLLM with "
             "--disable-hybrid-kv-cache-manager, or use only children that support HMA",
         )
+
+
+def _delivers(child: KVConnectorBase_V1) -> bool:
+    """The child's ``requires_kv_delivery``."""
+    return bool(child.requires_kv_delivery)
+
+
+def _divergent(child: KVConnectorBase_V1) -> bool:
+    """The child's ``supports_divergent_local_hybrid_hits``."""
+    return bool(child.supports_divergent_local_hybrid_hits)
 
 
 def _overriding(children: list[Child], hook: str) -> list[Child]:

@@ -28,6 +28,12 @@ Script keys (all optional):
     worker_meta       a set of tags: build_connector_worker_meta returns ScriptedWorkerMeta
     needs_meta        Capabilities.output_needs_meta (as a kvmux tier's)
     publishes_events  Capabilities.publishes_events (as a kvmux tier's)
+    checkpoints       {req_id: checkpoint}: get_transfer_results's prefix_replay_checkpoints
+                      (a field of vLLM main's results; one shot)
+    replay_checkpoint the answer of can_load_/consume_prefix_replay_checkpoint (vLLM main)
+    partial_tail      register_finished_partial_tail's answer
+    kv_delivery       requires_kv_delivery (default: vLLM's, the producer role)
+    divergent         supports_divergent_local_hybrid_hits (default False)
 """
 
 from __future__ import annotations
@@ -267,6 +273,41 @@ class ScriptedConnector(KVConnectorBase_V1):
         self._record("take_events")
         return self._take("events")
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        self._record("requires_kv_delivery")
+        default = KVConnectorBase_V1.requires_kv_delivery.fget(self)  # type: ignore[attr-defined]
+        return bool(self.script.get("kv_delivery", default))
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        self._record("supports_divergent_local_hybrid_hits")
+        return bool(self.script.get("divergent", False))
+
+    def register_finished_partial_tail(
+        self, request: Any, block_ids: Any, partial_tail_offloads: Any
+    ) -> bool:
+        self._record("register_finished_partial_tail", request.request_id, partial_tail_offloads)
+        return bool(self.script.get("partial_tail", False))
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[Any, Any]) -> None:
+        self._record("set_xfer_handshake_metadata_pp_aware", dict(metadata))
+
+    def can_load_prefix_replay_checkpoint(
+        self, request: Any, num_local_tokens: int, num_external_tokens: int
+    ) -> bool:
+        self._record(
+            "can_load_prefix_replay_checkpoint",
+            request.request_id,
+            num_local_tokens,
+            num_external_tokens,
+        )
+        return bool(self.script.get("replay_checkpoint", False))
+
+    def consume_prefix_replay_checkpoint(self, request: Any, num_hit_tokens: int) -> bool:
+        self._record("consume_prefix_replay_checkpoint", request.request_id, num_hit_tokens)
+        return bool(self.script.get("replay_checkpoint", False))
+
     def reset_cache(self) -> bool | None:
         self._record("reset_cache")
         return self.script.get("reset", True)
@@ -296,11 +337,16 @@ class ScriptedConnector(KVConnectorBase_V1):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         self._record("get_transfer_results", set(finished_req_ids))
         failed = set(self._take("failed_recving"))
-        return KVConnectorTransferResults(
+        results = KVConnectorTransferResults(
             finished_sending=set(self._take("finished_sending")),
             finished_recving=set(self._take("finished_recving")) | failed,
             failed_recving=failed,
         )
+        checkpoints = self.script.get("checkpoints")
+        if checkpoints:  # a field of vLLM main's results, an attribute before
+            self.script["checkpoints"] = {}
+            results.prefix_replay_checkpoints = dict(checkpoints)  # type: ignore[attr-defined]
+        return results
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._record("get_block_ids_with_load_errors")
