@@ -57,10 +57,10 @@ QUICK = BenchPlan(
     noreuse_prompts=8,
     noreuse_tokens=512,
     noreuse_max_tokens=16,
-    overhead_children=(1, 2),
+    overhead_children=(2,),
     store_entries=32,
     chat_conversations=1,
-    chat_turns=5,
+    chat_turns=3,
     chat_user_tokens=100,
     chat_reply_tokens=160,
 )
