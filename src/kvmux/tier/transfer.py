@@ -180,14 +180,14 @@ class BlockMover:
             rows = host.numpy()
             for row, entry in enumerate(chunk):
                 rows[row] = numpy.frombuffer(entry.payload, numpy.uint8, self._row_bytes)
-            device_rows = host.to(self.device, non_blocking=True)
-            read = streams.new_event()
-            read.record(streams.current())
-            self._staging.give_back(buffer, read)
+            device_rows = host.to(self.device, non_blocking=True)  # the host buffer on the host
             picked = index[first : first + len(chunk)]
             for tensor, dim, offset in zip(self._layers, self._dims, offsets, strict=True):
                 target, source = self._scatter_views(tensor, dim, device_rows, offset)
                 target.index_copy_(dim, picked, source.movedim(0, dim))
+            read = streams.new_event()  # after every read of the buffer, wherever it is
+            read.record(streams.current())
+            self._staging.give_back(buffer, read)
 
     def _scatter_views(
         self, tensor: torch.Tensor, dim: int, rows: torch.Tensor, offset: int
