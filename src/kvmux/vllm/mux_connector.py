@@ -29,6 +29,7 @@ from kvmux.mux.worker import MuxWorker
 from kvmux.policies.breaker import CircuitBreaker
 from kvmux.vllm.children import child_classes, child_transfer_configs, mux_config
 from kvmux.vllm.engine_config import prefer_recompute
+from kvmux.vllm.logs import adopt_vllm_logging
 from kvmux.vllm.metadata import MuxMetadata, MuxWorkerMetadata
 from kvmux.vllm.prom import CHILD_LABEL, MuxPromMetrics, SharedMetricTypes
 from kvmux.vllm.stats import MUX_COUNTERS, MuxConnectorStats, MuxCounterStats, connector_path
@@ -81,6 +82,7 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        adopt_vllm_logging()  # vLLM may have set up its handlers after kvmux was imported
         self.config = mux_config(vllm_config)
         self._children: list[KVConnectorBase_V1] = []
         self._guards: list[ChildGuard] = []

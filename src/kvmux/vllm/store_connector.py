@@ -48,6 +48,7 @@ from kvmux.vllm.engine_config import (
     slab_slot_bytes,
 )
 from kvmux.vllm.events import TierEvents, events_enabled
+from kvmux.vllm.logs import adopt_vllm_logging
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
 from kvmux.vllm.prom import TierPromMetrics
 from kvmux.vllm.ranks import rank_agreement
@@ -150,6 +151,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        adopt_vllm_logging()  # vLLM may have set up its handlers after kvmux was imported
         self.config: StoreConnectorConfig = parse_store_connector_config(
             self._kv_transfer_config.kv_connector_extra_config
         )

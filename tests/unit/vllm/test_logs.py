@@ -53,3 +53,19 @@ def test_a_users_own_kvmux_logging_is_left_alone(
     theirs.addHandler(vllms)
     adopt_vllm_logging()
     assert ours.handlers == [mine]
+
+
+def test_handlers_vllm_replaced_after_kvmux_was_imported_are_followed(
+    loggers: tuple[logging.Logger, logging.Logger],
+) -> None:
+    """vLLM's plugin loader imports kvmux early; vLLM may set up its handlers later."""
+    _, theirs = loggers
+    early, late = Collect(), Collect()
+    theirs.addHandler(early)
+    adopt_vllm_logging()  # at import
+    theirs.removeHandler(early)
+    theirs.addHandler(late)
+    theirs.setLevel(logging.INFO)
+    adopt_vllm_logging()  # a connector is built
+    logging.getLogger("kvmux.tier").info("save queue: 2 steps")
+    assert late.lines == ["save queue: 2 steps"] and early.lines == []
