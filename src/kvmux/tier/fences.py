@@ -35,9 +35,6 @@ FENCE_STEPS = 8  # steps whose saved blocks the scheduler remembers
 class SaveMark(Protocol):
     """A save's copies in flight on a device (a CUDA event, say)."""
 
-    def wait(self) -> None:
-        """Return once these copies have landed (the host waits)."""
-
     def order(self, streams: Sequence[object]) -> None:
         """Make work submitted to each of ``streams`` from now on wait for these copies."""
 

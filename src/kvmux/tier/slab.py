@@ -34,7 +34,7 @@ import torch
 
 from kvmux.tier.fences import SaveMark
 from kvmux.tier.streams import CudaStreams, Streams
-from kvmux.tier.transfer import STAGE_BYTES, BlockMover, widest_view
+from kvmux.tier.transfer import STAGE_BYTES, BlockMover, chunks, index_on, widest_view
 
 __all__ = [
     "CudaMark",
@@ -116,20 +116,11 @@ def _distinct(events: Iterable[Any]) -> list[Any]:
     return list(seen.values())
 
 
-def _chunks(count: int, rows: int) -> list[slice]:
-    """``range(count)`` in slices of at most ``rows``."""
-    return [slice(first, min(count, first + rows)) for first in range(0, count, rows)]
-
-
 @dataclass(frozen=True)
 class CudaMark:
     """A save's copies in flight on a CUDA device, up to ``event``."""
 
     event: Any  # torch.cuda.Event
-
-    def wait(self) -> None:
-        """Return once the copies have landed (the host waits: off the forward path only)."""
-        self.event.synchronize()
 
     def order(self, streams: Sequence[Any]) -> None:
         """Make work submitted to each of ``streams`` from now on wait for the copies."""
@@ -153,12 +144,6 @@ def copy_slots_in(layer: HostLayer, block_ids: Sequence[int], slots: Sequence[in
     """
     for block_id, slot in zip(block_ids, slots, strict=True):
         numpy.copyto(layer.kv[block_id], layer.slab[slot])
-
-
-def _on_device(block_ids: Sequence[int], device: torch.device, pin: bool) -> torch.Tensor:
-    """Block ids as an index on ``device``, copied from pinned memory without a host wait."""
-    index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=pin)
-    return index.to(device, non_blocking=True)
 
 
 def _round_up(size: int) -> int:
@@ -303,8 +288,8 @@ class HostSlab:
             stream.wait_event(written)
             for loaded in self._events.loads_of(slots):  # a reused slot may still be read
                 stream.wait_event(loaded)
-            index = _on_device(block_ids, self.device, streams.pin)
-            for rows in _chunks(len(block_ids), self._stage_rows):
+            index = index_on(block_ids, self.device, streams.pin)
+            for rows in chunks(len(block_ids), self._stage_rows):
                 staged = torch.empty(
                     (rows.stop - rows.start, self.slot_bytes), dtype=torch.uint8, device=self.device
                 )
@@ -330,8 +315,8 @@ class HostSlab:
         stream = streams.current()
         for saved in self._events.saves_of(slots):
             stream.wait_event(saved)
-        index = _on_device(block_ids, self.device, streams.pin)
-        for rows in _chunks(len(block_ids), self._stage_rows):
+        index = index_on(block_ids, self.device, streams.pin)
+        for rows in chunks(len(block_ids), self._stage_rows):
             staged = torch.empty(
                 (rows.stop - rows.start, self.slot_bytes), dtype=torch.uint8, device=self.device
             )

@@ -37,7 +37,9 @@ __all__ = [
     "STAGE_BYTES",
     "BlockMover",
     "CopyStream",
+    "chunks",
     "group_movers",
+    "index_on",
     "on_this_device",
     "widest_view",
 ]
@@ -75,6 +77,17 @@ def widest_view(tensor: torch.Tensor, block_dim: int) -> torch.Tensor:
         if aligned and all(stride % size == 0 for stride in raw.stride()[:-1]):
             return raw.view(dtype)
     return raw
+
+
+def chunks(count: int, rows: int) -> list[slice]:
+    """``range(count)`` in slices of at most ``rows``: the stages of a GPU copy."""
+    return [slice(first, min(count, first + rows)) for first in range(0, count, rows)]
+
+
+def index_on(block_ids: Sequence[int], device: torch.device, pin: bool) -> torch.Tensor:
+    """Block ids as an index on ``device``, copied from pinned memory without a host wait."""
+    index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=pin)
+    return index.to(device, non_blocking=True)
 
 
 _KNOWN_LAYOUTS = (
@@ -170,18 +183,17 @@ class BlockMover:
         the device, one scatter per layer; on the current stream, the host never waits."""
         streams = self.streams
         assert streams is not None
-        index = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=streams.pin)
-        index = index.to(self.device, non_blocking=True)
+        index = index_on(block_ids, self.device, streams.pin)
         offsets = entries[0].layer_offsets() if entries else []
-        for first in range(0, len(entries), self._stage_rows):
-            chunk = entries[first : first + self._stage_rows]
+        for rows_of in chunks(len(entries), self._stage_rows):
+            chunk = entries[rows_of]
             buffer = self._staging.take(len(chunk) * self._row_bytes)
             host = buffer[: len(chunk) * self._row_bytes].view(len(chunk), self._row_bytes)
             rows = host.numpy()
             for row, entry in enumerate(chunk):
                 rows[row] = numpy.frombuffer(entry.payload, numpy.uint8, self._row_bytes)
             device_rows = host.to(self.device, non_blocking=True)  # the host buffer on the host
-            picked = index[first : first + len(chunk)]
+            picked = index[rows_of]
             for tensor, dim, offset in zip(self._layers, self._dims, offsets, strict=True):
                 target, source = self._scatter_views(tensor, dim, device_rows, offset)
                 target.index_copy_(dim, picked, source.movedim(0, dim))
