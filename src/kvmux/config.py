@@ -17,6 +17,7 @@ from typing import Any
 
 from kvmux.codec import SigningKeys
 from kvmux.errors import ConfigError
+from kvmux.policies.registry import policy_names
 
 __all__ = [
     "ASYNC_LOADS",
@@ -371,7 +372,7 @@ def parse_store_connector_config(raw: Any) -> StoreConnectorConfig:
 
 # -- MuxConnector ----------------------------------------------------------------
 
-POLICIES = ("first", "longest", "compose")
+POLICIES = policy_names()  # the built-in ones; policies/registry.py registers more
 INHERITED = ("engine_id", "kv_role", "kv_buffer_device", "kv_load_failure_policy")
 _MUX_KEYS = frozenset(
     {
@@ -453,8 +454,8 @@ def parse_mux_config(raw: Any, inherited: Mapping[str, Any]) -> MuxConfig:
     extra = _require_mapping(raw, "kv_connector_extra_config")
     _check_keys(extra, _MUX_KEYS, "")
     policy = extra.get("policy", "first")
-    if policy not in POLICIES:
-        raise ConfigError("policy", f"unknown policy {policy!r}", POLICIES)
+    if policy not in policy_names():
+        raise ConfigError("policy", f"unknown policy {policy!r}", policy_names())
     return MuxConfig(
         children=_children(extra, inherited),
         policy=policy,

@@ -22,6 +22,7 @@ from kvmux.mux.accounting import FinishTracker
 from kvmux.mux.capabilities import capabilities_of
 from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
+from kvmux.mux.roster import Roster
 
 __all__ = ["MuxWorker", "TransferResult"]
 
@@ -57,19 +58,18 @@ class MuxWorker:
 
     def __init__(
         self,
-        children: Sequence[Any],
-        guards: Sequence[ChildGuard],
+        roster: Roster,
         give_up_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         per_request_failures: bool = False,
     ):
-        self.children = children
-        self.guards = guards
+        self.roster = roster
+        self.children = roster.connectors
+        self.guards = roster.guards
         # several KV cache groups: vLLM takes load failures only as failed requests (block
         # ids are unique only within a group); the mux's own failed blocks stay internal
         self.per_request_failures = per_request_failures
-        pairs = zip(children, guards, strict=True)
-        self._all: Sequence[Child] = [(i, c, g) for i, (c, g) in enumerate(pairs)]
+        self._all: Sequence[Child] = [(m.index, m.connector, m.guard) for m in roster.members]
         # how long what a child owed when its results call raised waits for its report
         self._give_up_seconds = give_up_seconds
         self._clock = clock
@@ -124,6 +124,34 @@ class MuxWorker:
         self._asked = [c for c in self._per_layer if self._caps[c[0]].layer_work_by_step]
         self._every_layer_load = [(i, c) for i, c, _ in self._all if i in self._layer_loaders]
         self._every_layer_save = [(i, c) for i, c, _ in self._all if i in self._layer_savers]
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        """Give every child the KV caches; a child may then take on per-layer work."""
+        self.roster.fan_out("register_kv_caches", kv_caches)
+        self.refresh_layer_hooks()
+
+    def handle_preemptions(self, child_metas: Sequence[Any | None]) -> None:
+        """Each child handles preemptions with its own metadata (if it has any)."""
+        for member, meta in zip(self.roster.members, child_metas, strict=True):
+            if meta is not None:
+                self.roster.fan_out("handle_preemptions", meta, members=(member,))
+
+    def worker_meta(self) -> tuple[tuple[Any | None, ...], frozenset[int]] | None:
+        """Each child's worker metadata and the children this worker has cut off; None
+        when there is neither."""
+        metas: list[Any | None] = []
+        opened: frozenset[int] = frozenset()
+        for i, child, guard in self._all:
+            try:
+                metas.append(child.build_connector_worker_meta())
+            except Exception as exc:
+                guard.fail("build_connector_worker_meta", exc)
+                metas.append(None)
+            if not guard.closed and guard.cut_off():
+                opened |= {i}
+        if not opened and metas.count(None) == len(metas):
+            return None
+        return tuple(metas), opened
 
     def begin_step(self, plan: MuxStepPlan, child_metas: Sequence[Any | None]) -> None:
         """Bind each child's metadata; children unbound or cut off lose their loads."""

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from kvmux.mux.capabilities import Capabilities
-from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import EMPTY_STEP, MuxStepPlan
+from kvmux.mux.roster import Roster
 from kvmux.mux.worker import MuxWorker, TransferResult
 from kvmux.policies.breaker import CircuitBreaker
 
@@ -105,12 +105,12 @@ class Engine:
     """Drives a MuxWorker step by step, as vLLM's model runner does."""
 
     def __init__(self, children: list[ThreadedChild], clock: Clock):
-        guards = [
-            ChildGuard(f"{i}:child", CircuitBreaker(1.0, 8.0, clock=clock))
-            for i in range(len(children))
-        ]
+        roster = Roster(
+            ((f"{i}:child", c, "child", False) for i, c in enumerate(children)),
+            lambda: CircuitBreaker(1.0, 8.0, clock=clock),
+        )
         self.children = children
-        self.worker = MuxWorker(children, guards, GIVE_UP, clock)
+        self.worker = MuxWorker(roster, GIVE_UP, clock)
         self.finished: list[str] = []  # every finished receive, in order, repeats kept
 
     def step(

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from kvmux.mux.capabilities import Capabilities
-from kvmux.mux.guard import ChildGuard
 from kvmux.mux.plan import MuxStepPlan
+from kvmux.mux.roster import Roster
 from kvmux.mux.worker import MuxWorker
 from kvmux.policies.breaker import CircuitBreaker
 
@@ -44,11 +44,14 @@ class AgreeingChild:
         return set()
 
 
+def _roster(children: list[AgreeingChild]) -> Roster:
+    return Roster(((f"tier{i}", c, "tier", False) for i, c in enumerate(children)), CircuitBreaker)
+
+
 def _step(children: list[AgreeingChild], open_breaker: set[int]) -> MuxWorker:
-    guards = [ChildGuard(f"tier{i}", CircuitBreaker()) for i in range(len(children))]
+    worker = MuxWorker(_roster(children))
     for i in open_breaker:
-        guards[i].fail("wait_for_save", RuntimeError("this rank only"))
-    worker = MuxWorker(children, guards)
+        worker.guards[i].fail("wait_for_save", RuntimeError("this rank only"))
     plan = MuxStepPlan()
     for i in range(len(children)):
         plan.load_blocks[i] = [1, 2]
@@ -69,7 +72,7 @@ def test_a_child_left_out_on_one_rank_still_joins_the_collective(how: str) -> No
 
 def test_a_child_cut_off_by_the_scheduler_enters_no_collective_on_any_rank() -> None:
     child = AgreeingChild()
-    worker = MuxWorker([child], [ChildGuard("tier0", CircuitBreaker())])
+    worker = MuxWorker(_roster([child]))
     plan = MuxStepPlan()
     plan.load_blocks[0] = [1, 2]
     plan.fail_child(0)

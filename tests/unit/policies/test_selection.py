@@ -1,13 +1,17 @@
-"""kvmux.policies.selection: which children load which range, per policy."""
+"""kvmux.policies: which children load which range, per policy (built by name)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
 
 import pytest
 
-from kvmux.policies.selection import Contribution, Offer, select
+from kvmux.errors import ConfigError
+from kvmux.policies import registry
+from kvmux.policies.registry import make_policy
+from kvmux.policies.selection import Contribution, Offer
 
 # per child: {start: tokens, or (tokens, is_async), or None}; "*" answers any start
 Script = Mapping[object, int | tuple[int, bool] | None]
@@ -39,7 +43,7 @@ def run(
 ) -> tuple[list[Contribution] | None, Asker]:
     ask = Asker(*scripts)
     offset_capable = [True] * len(scripts) if capable is None else list(capable)
-    return select(policy, ask, offset_capable, start, block_size), ask
+    return make_policy(policy).select(ask, offset_capable, start, block_size), ask
 
 
 def any_start(answer: int | tuple[int, bool] | None) -> Script:
@@ -184,9 +188,24 @@ def test_no_children(policy: str) -> None:
     assert ask.asked == []
 
 
-def test_unknown_policy() -> None:
-    with pytest.raises(ValueError, match="fastest"):
-        select("fastest", Asker(any_start(1)), [True], 0, 8)
+def test_unknown_policy_names_the_key_and_the_registered_ones() -> None:
+    with pytest.raises(ConfigError, match="fastest") as raised:
+        make_policy("fastest")
+    assert raised.value.key == "policy"
+    assert raised.value.accepted == "compose, first, longest"
+
+
+def test_a_registered_policy_is_imported_only_when_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(registry, "_POLICIES", dict(registry._POLICIES))
+    registry.register_policy("last", "tests.unit.policies.last_policy", "Last")
+    assert "tests.unit.policies.last_policy" not in sys.modules
+    assert "last" in registry.policy_names()
+    plan, _ = run("last", any_start(8), any_start(16))
+    assert plan == [Contribution(1, 0, 16, False)]
+    with pytest.raises(ValueError, match="already"):
+        registry.register_policy("last", "elsewhere", "Other")
 
 
 def test_contribution_end() -> None:

@@ -107,7 +107,7 @@ def test_a_child_taking_the_partial_tail_owes_the_finished_sending() -> None:
     assert step.results.finished_sending == set()
     script("b")["finished_sending"] = ["r1"]
     assert engine.step().results.finished_sending == {"r1"}
-    assert engine.sched._tail_keepers == {}
+    assert engine.sched.sched._tail_keepers == {}
 
 
 def test_a_child_raising_in_partial_tail_is_counted_and_takes_nothing() -> None:
@@ -258,6 +258,6 @@ def test_checkpoints_of_a_request_finished_without_a_receive_are_dropped() -> No
     engine = Engine(child("a"))
     script("a")["checkpoints"] = {"stray": CP}
     assert checkpoints(engine.step().results) == {}
-    assert engine.worker._worker._checkpoints == {"stray": {0: CP}}
+    assert engine.worker.work._checkpoints == {"stray": {0: CP}}
     assert checkpoints(engine.step(finished={"stray"}).results) == {}
-    assert engine.worker._worker._checkpoints == {}
+    assert engine.worker.work._checkpoints == {}

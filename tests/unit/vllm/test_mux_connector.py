@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.outputs import KVConnectorOutput
 
 import kvmux.vllm.mux_connector as mux_module
+import kvmux.vllm.mux_stats as mux_stats
 from kvmux.errors import ConfigError
 from kvmux.mux.scheduler import TransferParamsClash
 from kvmux.mux.worker import MuxWorker
@@ -135,7 +136,7 @@ def script(name: str) -> dict[str, Any]:
 
 
 def guard(mux: MuxConnector, i: int) -> Any:
-    return mux._guards[i]
+    return mux._roster.guards[i]
 
 
 @dataclass
@@ -195,7 +196,7 @@ def compose_engine(a: dict[str, Any] | None = None, b: dict[str, Any] | None = N
 
 def test_children_are_built_by_vllms_factory() -> None:
     mux = make(SCHEDULER, child("a"), {**child("b"), "kv_role": "kv_consumer"})
-    assert [g.label for g in mux._guards] == [A, B]
+    assert [g.label for g in mux._roster.guards] == [A, B]
     a, b = mux.children
     assert type(a) is ScriptedConnector and isinstance(a, KVConnectorBase_V1)
     assert a.role is SCHEDULER
@@ -258,7 +259,7 @@ def test_longest_takes_the_most_tokens() -> None:
         policy="longest",
     )
     assert mux.get_num_new_matched_tokens(request(), 0) == (48, True)
-    assert [c.child for c in mux._scheduler.contributions("r1")] == [1]
+    assert [c.child for c in mux.sched.contributions("r1")] == [1]
 
 
 def test_compose_asks_each_child_from_where_the_previous_stopped() -> None:
@@ -589,7 +590,7 @@ def test_finished_sending_once_after_every_async_saver() -> None:
     script("a")["finished_sending"] = ["r1"]
     script("b")["finished_sending"] = ["r1"]
     assert engine.step().results.finished_sending == set()
-    assert engine.worker._worker.sending.ignored == 3
+    assert engine.worker.work.sending.ignored == 3
 
 
 def test_a_child_reporting_a_save_it_does_not_owe_is_ignored() -> None:
@@ -646,7 +647,7 @@ def test_a_child_reporting_a_load_it_does_not_owe_is_ignored() -> None:
     engine.schedule(request(), computed=16)
     script("b")["finished_recving"] = ["r1", "stray"]
     assert engine.step().results.finished_recving == set()
-    assert engine.worker._worker.recving.ignored == 2
+    assert engine.worker.work.recving.ignored == 2
     script("a")["finished_recving"] = ["r1"]
     assert engine.step().results.finished_recving == {"r1"}
 
@@ -794,7 +795,7 @@ def _scheduler_scenario(hook: str) -> Scenario:
 
         def check(result: Any) -> None:
             assert result == (16, False)
-            assert [c.child for c in mux._scheduler.contributions("r1")] == [1]
+            assert [c.child for c in mux.sched.contributions("r1")] == [1]
 
         return Scenario(mux, lambda: mux.get_num_new_matched_tokens(req, 0), check, "SCHEDULER")
     if hook == "update_state_after_alloc":
@@ -1435,13 +1436,13 @@ def test_mux_counters_are_reported_at_most_once_an_interval_and_none_lost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [50.0]
-    monkeypatch.setattr(mux_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(mux_stats.time, "monotonic", lambda: now[0])
     mux = make(SCHEDULER, child("a", offer=32), child("b"))
     reports = []
     for i in range(5):
         mux.get_num_new_matched_tokens(request(f"r{i}"), 0)
         reports.append(mux.get_kv_connector_stats())
-        now[0] += mux_module.COUNTERS_SECONDS / 2
+        now[0] += mux_stats.COUNTERS_SECONDS / 2
     reports.append(mux.get_kv_connector_stats())
     sent = [r for r in reports if r is not None]
     assert len(sent) == 3  # at 50, 51 and 52 s: one each interval, not one each step
@@ -1453,7 +1454,7 @@ def test_a_finished_request_sends_the_counters_with_its_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An engine may go idle after its last request: nothing is left unreported then."""
-    monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
+    monkeypatch.setattr(mux_stats.time, "monotonic", lambda: 50.0)
     mux = make(SCHEDULER, child("a", offer=32), child("b"))
     mux.get_num_new_matched_tokens(request("r0"), 0)
     assert mux.get_kv_connector_stats() is not None  # the first report of the interval
@@ -1469,7 +1470,7 @@ def test_counters_wait_for_their_interval_while_other_requests_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A finish with requests still running is not the engine's last step: no report yet."""
-    monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
+    monkeypatch.setattr(mux_stats.time, "monotonic", lambda: 50.0)
     mux = make(SCHEDULER, child("a", offer=32), child("b"))
     for name in ("r0", "r1", "r2"):
         mux.on_new_request(request(name))
@@ -1491,7 +1492,7 @@ def test_counters_wait_for_their_interval_while_other_requests_run(
 
 
 def test_an_error_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mux_module.time, "monotonic", lambda: 50.0)
+    monkeypatch.setattr(mux_stats.time, "monotonic", lambda: 50.0)
     mux = make(SCHEDULER, child("a", raise_in=["take_events"]), child("b"))
     assert mux.get_kv_connector_stats() is None  # nothing moved yet
     list(mux.take_events())
@@ -1503,8 +1504,8 @@ def test_an_error_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_hooks_the_base_class_leaves_empty_reach_only_children_that_override_them() -> None:
     mux = make(SCHEDULER, child("a"), child("b"))
-    assert mux._callers["on_new_request"] == []  # ScriptedConnector does not override it
-    assert [c for _, c, _ in mux._callers["take_events"]] == mux.children
+    assert mux._roster.listening("on_new_request") == ()  # ScriptedConnector: no override
+    assert [m.connector for m in mux._roster.listening("take_events")] == mux.children
     mux.on_new_request(request())
     assert mux.has_pending_push_work() is False
 

@@ -6,7 +6,9 @@ from typing import Any, ClassVar
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from kvmux.vllm.mux_connector import _overriding
+from kvmux.mux.roster import Roster
+from kvmux.policies.breaker import CircuitBreaker
+from kvmux.vllm.mux_connector import BASE_NO_OPS
 
 
 class Plain(KVConnectorBase_V1):  # type: ignore[misc]
@@ -34,14 +36,16 @@ for _cls in (Plain, Overriding, Intercepting):  # built without an engine: nothi
     _cls.__abstractmethods__ = frozenset()
 
 
-def _children(*connectors: Any) -> list[tuple[int, Any, None]]:
-    return [(i, c, None) for i, c in enumerate(connectors)]
+def _roster(*connectors: Any) -> Roster:
+    children = [(f"{i}:child", c, "path", False) for i, c in enumerate(connectors)]
+    return Roster(children, CircuitBreaker, KVConnectorBase_V1, BASE_NO_OPS)
 
 
 def test_only_children_that_may_act_get_a_base_no_op_hook() -> None:
     plain, overriding, intercepting = (object.__new__(c) for c in (Plain, Overriding, Intercepting))
     own = object.__new__(Plain)
     own.on_new_request = lambda request: None  # an instance's own hook
-    children = _children(plain, overriding, intercepting, own)
-    called = [c[1] for c in _overriding(children, "on_new_request")]
+    roster = _roster(plain, overriding, intercepting, own)
+    called = [m.connector for m in roster.listening("on_new_request")]
     assert called == [overriding, intercepting, own]
+    assert len(roster.listening("start_load_kv")) == 4  # not a no-op hook: every child
