@@ -13,19 +13,19 @@ from kvmux.config import (
 )
 from kvmux.errors import ConfigError, CorruptEntry, KvmuxError, StoreError, StoreUnavailable
 from kvmux.metrics import TierStats
-from kvmux.stores import DiskStore, KVStore, MemoryStore, open_store
+from kvmux.stores import DictStore, DiskStore, KVStore, open_store
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
     "CorruptEntry",
+    "DictStore",
     "DiskSpec",
     "DiskStore",
     "KVStore",
     "KvmuxError",
     "MemorySpec",
-    "MemoryStore",
     "StoreConnectorConfig",
     "StoreError",
     "StoreUnavailable",

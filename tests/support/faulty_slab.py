@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvmux.metrics import TierStats
-from kvmux.stores.memory import MemoryStore
+from kvmux.stores.dict_store import DictStore
 from kvmux.tier.plan import BlockTransfer
 from kvmux.tier.slab import HostSlab
 from kvmux.tier.slab_worker import SlabWorker
@@ -48,7 +48,7 @@ class FaultySlabWorker(SlabWorker):
         self, name: str, slots: int, rank: int, stats: TierStats, control: str | os.PathLike[str]
     ):
         super().__init__(name, slots, rank, stats)
-        self._faults = FaultyStore(MemoryStore(1, name=name), control)
+        self._faults = FaultyStore(DictStore(1, name=name), control)
 
     def register(self, *args: Any, **kwargs: Any) -> None:
         """SlabWorker's, with the slab behind the faults."""

@@ -13,7 +13,7 @@ import pytest
 
 from kvmux import codec
 from kvmux.errors import CorruptEntry, StoreError, StoreUnavailable
-from kvmux.stores import DiskStore, KVStore, MemoryStore
+from kvmux.stores import DictStore, DiskStore, KVStore
 from tests.support.faulty_store import (
     GROUPS,
     FaultSpec,
@@ -35,11 +35,11 @@ def _entry(i: int) -> bytes:
     return codec.encode(NS, _key(i), LAYERS, (bytes([i % 251]) * 128,))
 
 
-@pytest.fixture(params=["memory", "disk"])
+@pytest.fixture(params=["dict", "disk"])
 def inner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVStore]:
     store: KVStore
-    if request.param == "memory":
-        store = MemoryStore(1 << 20, name="inner")
+    if request.param == "dict":
+        store = DictStore(1 << 20, name="inner")
     else:
         store = DiskStore(tmp_path / "disk", 1 << 20, name="inner")
     yield store

@@ -15,7 +15,7 @@ def test_top_level_public_names() -> None:
             "KVStore",
             "KvmuxError",
             "MemorySpec",
-            "MemoryStore",
+            "DictStore",
             "StoreConnectorConfig",
             "StoreError",
             "StoreUnavailable",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from kvmux.config import DiskSpec, MemorySpec, RedisSpec, StoreSpec
 from kvmux.stores.base import KVStore
+from kvmux.stores.dict_store import DictStore
 from kvmux.stores.disk import DiskStore
-from kvmux.stores.memory import MemoryStore
 
 __all__ = ["open_store"]
 
@@ -16,7 +16,7 @@ def open_store(spec: StoreSpec, touch: bool = True) -> KVStore:
     ``touch=False`` (operators' tools) asks reads to leave the entries' recency alone.
     """
     if isinstance(spec, MemorySpec):
-        return MemoryStore(spec.capacity, name=spec.name)
+        return DictStore(spec.capacity, name=spec.name)
     if isinstance(spec, DiskSpec):
         return DiskStore(
             spec.path,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvmux.config import RedisSpec
-from kvmux.stores import DiskStore, KVStore, MemoryStore
+from kvmux.stores import DictStore, DiskStore, KVStore
 from kvmux.stores import disk as disk_module
 from kvmux.stores.redis import RedisStore
 
@@ -56,7 +56,7 @@ def _redis(url: str, cluster: bool, max_value_size: int = 64 * 2**20) -> RedisSt
 
 SERVERS = ["redis", "valkey"]  # the Redis tier's store, on redis-server and on valkey-server
 # disk-direct: every entry written around the page cache, however small
-STORES = ["memory", "disk", "disk-direct"] + [
+STORES = ["dict", "disk", "disk-direct"] + [
     f"{s}{v}" for s in SERVERS for v in ("", "-split", "-cluster")
 ]
 
@@ -82,8 +82,8 @@ def make_store(
 
     def make(capacity: int) -> KVStore:
         store: KVStore
-        if request.param == "memory":
-            store = MemoryStore(capacity, name="mem-test")
+        if request.param == "dict":
+            store = DictStore(capacity, name="dict-test")
         elif request.param.startswith("disk"):
             direct = request.param == "disk-direct"
             store = DiskStore(

@@ -8,12 +8,12 @@ import pytest
 
 from kvmux.config import DiskSpec, MemorySpec, parse_store_spec
 from kvmux.errors import StoreUnavailable
-from kvmux.stores import DiskStore, MemoryStore, open_store
+from kvmux.stores import DictStore, DiskStore, open_store
 
 
-def test_open_memory_store() -> None:
+def test_open_memory_spec_as_a_dict_store() -> None:
     store = open_store(MemorySpec(capacity=123, name="ram"))
-    assert isinstance(store, MemoryStore)
+    assert isinstance(store, DictStore)
     assert (store.capacity, store.name) == (123, "ram")
 
 

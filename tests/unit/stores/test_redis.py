@@ -14,7 +14,7 @@ from kvmux.errors import ConfigError, StoreError, StoreUnavailable
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import GENERATION_RECORD_MAX, KVStore
-from kvmux.stores.memory import MemoryStore
+from kvmux.stores.dict_store import DictStore
 from kvmux.stores.redis import RedisStore
 from kvmux.tier.index import RemoteStoreView
 from tests.support.redis_server import RedisServer, make_tls_files
@@ -193,7 +193,7 @@ def test_redis_spec_errors_name_the_key() -> None:
         parse_store_spec({"type": "redis", "url": "redis://x", "key_prefix": "{a}"})
 
 
-class _SlowStore(MemoryStore):
+class _SlowStore(DictStore):
     """A store whose lookups block until released."""
 
     def __init__(self) -> None:

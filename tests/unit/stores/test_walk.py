@@ -12,7 +12,7 @@ import pytest
 
 from kvmux.config import RedisSpec
 from kvmux.errors import ConfigError
-from kvmux.stores import DiskStore, KVStore, MemoryStore
+from kvmux.stores import DictStore, DiskStore, KVStore
 from kvmux.stores.redis import RedisStore
 from kvmux.stores.redis_walk import entry_key, entry_pattern, no_touch_hook
 from kvmux.tier.generation import encode_record, new_generation
@@ -35,7 +35,7 @@ def _redis(url: str, cluster: bool = False, max_value_size: int = 64 << 20, **kw
 
 
 SERVERS = ["redis", "valkey"]  # the Redis tier's store, on redis-server and on valkey-server
-STORES = ["memory", "disk"] + [f"{s}{v}" for s in SERVERS for v in ("", "-split", "-cluster")]
+STORES = ["dict", "disk"] + [f"{s}{v}" for s in SERVERS for v in ("", "-split", "-cluster")]
 
 
 @pytest.fixture(params=STORES)
@@ -44,8 +44,8 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeS
 
     def make(touch: bool = True) -> KVStore:
         store: KVStore
-        if request.param == "memory":
-            store = MemoryStore(1 << 20)
+        if request.param == "dict":
+            store = DictStore(1 << 20)
         elif request.param == "disk":
             store = DiskStore(tmp_path / "disk", 1 << 20, touch=touch)
         else:  # "redis", "valkey-split", "redis-cluster"...: a RedisStore on that server
@@ -72,7 +72,7 @@ def test_walk_finds_every_entry_once_with_its_size(make_store) -> None:
     assert {e.key: e.size for e in found} == {k: len(v) for k, v in values.items()}
     if isinstance(store, DiskStore):
         assert all(e.age is not None and 0 <= e.age < 60 for e in found)
-    elif not isinstance(store, MemoryStore):  # Redis idle times: the server's coarse clock
+    elif not isinstance(store, DictStore):  # Redis idle times: the server's coarse clock
         assert all(e.age is None or e.age >= 0 for e in found)
 
 

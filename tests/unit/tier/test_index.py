@@ -9,7 +9,7 @@ from kvmux.codec import SigningKeys
 from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
-from kvmux.stores import MemoryStore
+from kvmux.stores import DictStore
 from kvmux.tier.generation import decode_generation, decode_record, encode_record
 from kvmux.tier.index import (
     LostKeys,
@@ -131,7 +131,7 @@ def test_zero_budget_admits_nothing() -> None:
 
 
 def test_shared_view_asks_the_store_for_rank_zero_shards() -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     stats = TierStats()
     view = SharedStoreView(store, stats)
     keys = [BlockKey(_k(i)) for i in range(4)]
@@ -145,7 +145,7 @@ def test_shared_view_asks_the_store_for_rank_zero_shards() -> None:
 
 
 def test_saves_still_being_written_count_as_held_until_forgotten() -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     view = SharedStoreView(store, TierStats())
     keys = [BlockKey(_k(i)) for i in range(4)]
     store.put(store_key(keys[0], 0), b"entry")
@@ -172,7 +172,7 @@ def test_recent_saves_expire_and_stay_bounded() -> None:
 def test_a_key_that_failed_to_load_is_absent_until_saved_again() -> None:
     """The store still holds a forged or corrupt entry: it is not offered again, and
     the next save of its block is planned (and written over it)."""
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     view = SharedStoreView(store, TierStats())
     keys = [BlockKey(_k(i)) for i in range(4)]
     for key in keys:
@@ -197,7 +197,7 @@ def test_lost_keys_stay_bounded() -> None:
     assert lost.usable(keys) == 2
 
 
-class _FailingStore(MemoryStore):
+class _FailingStore(DictStore):
     def contains(self, key: bytes) -> bool:
         raise StoreError("disk on fire")
 
@@ -224,7 +224,7 @@ def test_a_reset_by_one_engine_applies_to_every_engine_on_a_shared_tier(tmp_path
     assert one.generation() == other.generation() != first
 
 
-class FlakyGenerations(MemoryStore):
+class FlakyGenerations(DictStore):
     """A store whose generation reads fail while ``down``."""
 
     down = False
@@ -255,7 +255,7 @@ def test_a_remote_view_reads_the_generation_at_start_and_keeps_it_through_failur
 
 
 def test_a_generation_record_nobody_signed_is_replaced_never_followed() -> None:
-    store, signing = MemoryStore(1 << 20), SigningKeys("k1", {"k1": b"s" * 32})
+    store, signing = DictStore(1 << 20), SigningKeys("k1", {"k1": b"s" * 32})
     view = SharedStoreView(store, TierStats(), signing)
     mine = view.generation()
     assert mine is not None and decode_record(store.read_generation(), signing) == mine
@@ -268,7 +268,7 @@ def test_a_generation_record_nobody_signed_is_replaced_never_followed() -> None:
 
 
 def test_an_engine_never_returns_to_a_generation_it_left() -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     view = SharedStoreView(store, TierStats())
     old = view.generation()
     before = store.read_generation()
@@ -280,7 +280,7 @@ def test_an_engine_never_returns_to_a_generation_it_left() -> None:
     assert decode_record(store.read_generation(), None) == now  # the current one restored
 
 
-class SlowGenerations(MemoryStore):
+class SlowGenerations(DictStore):
     """A store whose generation reads wait for ``gate`` once it is set up."""
 
     gate: threading.Event | None = None
@@ -320,7 +320,7 @@ def test_saves_in_flight_are_not_offered_while_the_store_is_down() -> None:
     assert view.count_prefix(keys) == 0  # the load could not reach them either
 
 
-class SlowRecordWrites(MemoryStore):
+class SlowRecordWrites(DictStore):
     """A store whose generation writes from a lookup thread wait for ``gate``."""
 
     def __init__(self) -> None:
@@ -355,7 +355,7 @@ def test_a_write_back_in_flight_never_lands_over_a_reset() -> None:
 
 
 def test_engines_converge_and_never_go_back() -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     one, other = SharedStoreView(store, TierStats()), SharedStoreView(store, TierStats())
     first = one.generation()
     assert other.generation() == first
@@ -373,7 +373,7 @@ def test_engines_converge_and_never_go_back() -> None:
 
 
 def test_a_reset_moves_past_what_the_tier_holds() -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     behind, ahead = SharedStoreView(store, TierStats()), SharedStoreView(store, TierStats())
     behind.generation()
     for _ in range(3):

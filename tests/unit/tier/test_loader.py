@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
-from kvmux.stores import KVStore, MemoryStore  # noqa: E402
+from kvmux.stores import DictStore, KVStore  # noqa: E402
 from kvmux.tier import loader  # noqa: E402
 from kvmux.tier.loader import FinishedLoads, StepBudget  # noqa: E402
 from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
@@ -35,7 +35,7 @@ def _caches(random: bool) -> dict[str, torch.Tensor]:
     }
 
 
-class GatedStore(MemoryStore):
+class GatedStore(DictStore):
     """A memory store whose reads wait until the gate opens; counts them."""
 
     def __init__(self, capacity: int):
@@ -123,7 +123,7 @@ def test_an_async_load_runs_off_the_callers_thread_and_is_reported_once(
 def test_a_failed_block_fails_its_load_from_its_position(make_worker: MakeWorker) -> None:
     """Blocks at positions 2 and 4 load, the one at position 3 is missing: the load is
     reported failed at position 3 with that block; the others are copied in anyway."""
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _stored(store, make_worker, 3)
     store.delete(store_key(KEYS[1], 0))
     stats = TierStats()
@@ -138,7 +138,7 @@ def test_a_failed_block_fails_its_load_from_its_position(make_worker: MakeWorker
 
 
 def test_several_requests_load_at_once_each_reported_once(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _stored(store, make_worker, 4)
     worker = make_worker(store, _caches(random=False), TierStats())
     loads = [_load(f"r{i}", 0, KEYS[i : i + 1], [6 + i]) for i in range(4)]
@@ -166,7 +166,7 @@ def test_an_aborted_request_stops_loading_and_reports_no_failure(make_worker: Ma
 
 
 def test_a_bug_during_a_load_still_ends_it_reported_failed(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _stored(store, make_worker, 2)
     worker = make_worker(store, _caches(random=False), TierStats())
     worker.start_loads([_load("r", 5, KEYS[:2], [6, NUM_BLOCKS + 3])])  # no such block
@@ -177,13 +177,13 @@ def test_a_bug_during_a_load_still_ends_it_reported_failed(make_worker: MakeWork
 
 
 def test_a_worker_without_a_kv_cache_fails_its_loads(make_worker: MakeWorker) -> None:
-    worker = make_worker(MemoryStore(1 << 20), None, TierStats())
+    worker = make_worker(DictStore(1 << 20), None, TierStats())
     worker.start_loads([_load("r", 1, KEYS[:2], [3, 4])])
     assert _wait(worker) == FinishedLoads(finished={"r"}, failed={"r": 1}, failed_blocks={3, 4})
 
 
 def test_an_async_load_waits_for_a_queued_save_of_its_key(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     caches = _caches(random=True)
     expected = caches["layer.1"][3].clone()
     worker = make_worker(store, caches, TierStats())
@@ -228,7 +228,7 @@ def test_a_load_into_host_memory_waits_for_the_engine_steps(
 ) -> None:
     block = 2 * 4 * 8 * 4  # bytes of one block of one layer
     monkeypatch.setattr(loader, "HOST_STEP_BYTES", 2 * block)  # one block (two layers) a step
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _stored(store, make_worker, 3)
     stats = TierStats()
     worker = make_worker(store, _caches(random=False), stats)

@@ -17,7 +17,7 @@ from kvmux.codec import SigningKeys  # noqa: E402
 from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
-from kvmux.stores import DiskStore, KVStore, MemoryStore  # noqa: E402
+from kvmux.stores import DictStore, DiskStore, KVStore  # noqa: E402
 from kvmux.tier.index import SharedStoreView  # noqa: E402
 from kvmux.tier.plan import BlockTransfer, TierStepPlan  # noqa: E402
 from kvmux.tier.worker import TierWorker  # noqa: E402
@@ -78,7 +78,7 @@ def _save(worker: TierWorker, *transfers: tuple[BlockKey, int]) -> None:
 
 
 def test_save_then_load_into_other_blocks(layout: str, make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _caches(layout, random=True)
     save_stats, load_stats = TierStats(), TierStats()
     saver = make_worker(store, source, stats=save_stats)
@@ -106,7 +106,7 @@ def test_save_then_load_into_other_blocks(layout: str, make_worker: MakeWorker) 
 
 
 def test_stored_entries_are_codec_entries_under_rank_store_keys(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _caches("blocks_first", random=True)
     worker = make_worker(store, source, rank=3)
     _save(worker, (K1, 2))
@@ -119,7 +119,7 @@ def test_stored_entries_are_codec_entries_under_rank_store_keys(make_worker: Mak
 
 
 def test_save_copies_out_before_returning(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _caches("blocks_first", random=True)
     expected = source["layer.0"][1].clone()
     worker = make_worker(store, source)
@@ -134,7 +134,7 @@ def test_save_copies_out_before_returning(make_worker: MakeWorker) -> None:
 
 
 def test_load_waits_for_a_pending_save_of_the_same_key(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     caches = _caches("blocks_first", random=True)
     expected = caches["layer.1"][3].clone()
     worker = make_worker(store, caches)
@@ -145,7 +145,7 @@ def test_load_waits_for_a_pending_save_of_the_same_key(make_worker: MakeWorker) 
 
 
 def test_corrupt_entry_is_a_load_error(layout: str, make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _caches(layout, random=True)
     stats = TierStats()
     saver = make_worker(store, source)
@@ -196,7 +196,7 @@ def test_disk_reads_reuse_buffers_and_never_load_a_stale_tail(
 
 
 def test_missing_key_is_a_load_error(layout: str, make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _caches(layout, random=True)
     saver = make_worker(store, source)
     _save(saver, (K1, 1))
@@ -212,7 +212,7 @@ def test_missing_key_is_a_load_error(layout: str, make_worker: MakeWorker) -> No
 
 
 def test_errors_accumulate_until_taken(make_worker: MakeWorker) -> None:
-    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=False))
+    worker = make_worker(DictStore(1 << 20), _caches("blocks_first", random=False))
     worker.load([BlockTransfer(K1, 1)])
     worker.load([BlockTransfer(K3, 2)])
     assert worker.take_load_errors() == {1, 2}
@@ -220,7 +220,7 @@ def test_errors_accumulate_until_taken(make_worker: MakeWorker) -> None:
 
 
 def test_other_rank_does_not_see_the_shard(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _save(make_worker(store, _caches("blocks_first", random=True), rank=0), (K1, 1))
     loader = make_worker(store, _caches("blocks_first", random=False), rank=1)
     loader.load([BlockTransfer(K1, 0)])
@@ -229,7 +229,7 @@ def test_other_rank_does_not_see_the_shard(make_worker: MakeWorker) -> None:
 
 
 def test_entry_from_another_namespace_is_a_load_error(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
     loader = make_worker(store, _caches("blocks_first", random=False), namespace_id({"m": "y"}))
     loader.load([BlockTransfer(K1, 0)])
@@ -238,7 +238,7 @@ def test_entry_from_another_namespace_is_a_load_error(make_worker: MakeWorker) -
 
 
 def test_entry_of_another_cache_layout_is_a_load_error(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
     narrow = {f"layer.{i}": torch.zeros(NUM_BLOCKS, 2, 4, 4) for i in range(2)}
     loader = make_worker(store, narrow)
@@ -248,7 +248,7 @@ def test_entry_of_another_cache_layout_is_a_load_error(make_worker: MakeWorker) 
 
 
 def test_evictions_delete_entries(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     worker = make_worker(store, _caches("blocks_first", random=True))
     _save(worker, (K1, 1), (K3, 3))
     worker.save(TierStepPlan(saves=[BlockTransfer(K_OTHER, 0)], evictions=[K1]))
@@ -263,14 +263,14 @@ def test_evictions_delete_entries(make_worker: MakeWorker) -> None:
 
 def test_entry_too_large_for_the_store_is_a_save_error(make_worker: MakeWorker) -> None:
     stats = TierStats()
-    store = MemoryStore(100)
+    store = DictStore(100)
     worker = make_worker(store, _caches("blocks_first", random=True), stats=stats)
     _save(worker, (K1, 1))
     assert (stats.saved_blocks, stats.save_errors, stats.bytes_saved) == (0, 1, 0)
     assert len(store) == 0
 
 
-class _BrokenStore(MemoryStore):
+class _BrokenStore(DictStore):
     def put(self, key: bytes, value: bytes) -> bool:
         raise StoreError("write refused")
 
@@ -298,7 +298,7 @@ def test_store_errors_are_misses_not_crashes(make_worker: MakeWorker) -> None:
 
 
 def test_unregistered_worker_does_nothing(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     worker = make_worker(store, None)
     worker.save(TierStepPlan(saves=[BlockTransfer(K1, 1)]))
     worker.load([BlockTransfer(K1, 1)])
@@ -310,7 +310,7 @@ def test_unregistered_worker_does_nothing(make_worker: MakeWorker) -> None:
 
 def test_empty_plans_do_nothing(make_worker: MakeWorker) -> None:
     stats = TierStats()
-    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", True), stats=stats)
+    worker = make_worker(DictStore(1 << 20), _caches("blocks_first", True), stats=stats)
     worker.save(TierStepPlan())
     worker.load([])
     worker.flush()
@@ -318,7 +318,7 @@ def test_empty_plans_do_nothing(make_worker: MakeWorker) -> None:
 
 
 def test_load_stats_count_only_this_calls_failures(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
     stats = TierStats()
     loader = make_worker(store, _caches("blocks_first", random=False), stats=stats)
@@ -332,7 +332,7 @@ def test_load_stats_count_only_this_calls_failures(make_worker: MakeWorker) -> N
 
 def test_a_failed_load_taints_the_later_blocks_of_its_request(make_worker: MakeWorker) -> None:
     """Block 1 fails to load: blocks 2 and 3, computed over it, are not saved; block 0 is."""
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     stats = TierStats()
     worker = make_worker(store, _caches("blocks_first", random=True), stats=stats)
     worker.load([BlockTransfer(K_UNKNOWN, 1)])  # missing from the store: a failed load
@@ -351,7 +351,7 @@ def test_a_failed_load_taints_the_later_blocks_of_its_request(make_worker: MakeW
 
 
 def test_failures_do_not_outlive_their_step(make_worker: MakeWorker) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     worker = make_worker(store, _caches("blocks_first", random=True))
     worker.load([BlockTransfer(K_UNKNOWN, 1)])
     worker.save(TierStepPlan())  # the failing step ends
@@ -363,7 +363,7 @@ def test_failures_do_not_outlive_their_step(make_worker: MakeWorker) -> None:
 
 def test_a_sibling_failure_taints_saves_too(make_worker: MakeWorker) -> None:
     """MuxConnector passes on blocks another child failed to load, before the save."""
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     worker = make_worker(store, _caches("blocks_first", random=True))
     worker.load([])
     worker.drop_saves_over({2})
@@ -382,7 +382,7 @@ def test_a_sibling_failure_taints_saves_too(make_worker: MakeWorker) -> None:
 def test_a_load_failed_on_another_rank_taints_this_ranks_saves(make_worker: MakeWorker) -> None:
     """Tensor parallelism: block 1 landed here but not on the other rank; the all-reduce
     spread that, so this rank reports it failed and saves nothing computed over it."""
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     _save(make_worker(store, _caches("blocks_first", random=True)), (K1, 1))
     worker = make_worker(store, _caches("blocks_first", random=True))
     asked: list[list[bool]] = []
@@ -401,7 +401,7 @@ def test_a_load_failed_on_another_rank_taints_this_ranks_saves(make_worker: Make
 
 def test_a_rank_whose_load_raises_still_agrees(make_worker: MakeWorker) -> None:
     """The other ranks wait in the collective: a load that raises joins it first."""
-    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=True))
+    worker = make_worker(DictStore(1 << 20), _caches("blocks_first", random=True))
     asked: list[list[bool]] = []
     worker.agree_with_ranks(lambda landed: asked.append(list(landed)) or list(landed))
 
@@ -424,7 +424,7 @@ def test_blocks_computed_over() -> None:
 # -- the save queue is bounded in bytes ------------------------------------------------
 
 
-class GatedStore(MemoryStore):
+class GatedStore(DictStore):
     """A store whose writes wait until the test opens the gate: a store as slow as we like."""
 
     def __init__(self, capacity: int):
@@ -504,7 +504,7 @@ def test_peak_memory_under_a_save_heavy_workload_with_a_slow_store() -> None:
 
 def test_signed_saves_load_and_unsigned_entries_do_not(make_worker: MakeWorker) -> None:
     keys = SigningKeys.parse("k1:" + "5a" * 32)
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _caches("blocks_first", random=True)
     signer = TierWorker(store, NS, 0, TierStats(), signing=keys)
     signer.register(source, NUM_BLOCKS)
@@ -533,7 +533,7 @@ def test_an_entry_that_did_not_verify_is_written_over_by_the_next_save() -> None
     """A forged entry costs one miss: the engine's own signed entry replaces it."""
     keys = SigningKeys.parse("k1:" + "5a" * 32)
     other = SigningKeys.parse("k1:" + "a5" * 32)
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _caches("blocks_first", random=True)
     forger = TierWorker(store, NS, 0, TierStats(), signing=other)
     forger.register(source, NUM_BLOCKS)
@@ -555,7 +555,7 @@ def test_an_entry_that_did_not_verify_is_written_over_by_the_next_save() -> None
         worker.close()
 
 
-class BuggyStore(MemoryStore):
+class BuggyStore(DictStore):
     """A store with a bug: it raises something that is not a StoreError."""
 
     def get(self, key: bytes) -> bytes | None:
@@ -580,7 +580,7 @@ def test_even_a_buggy_store_is_only_a_counted_miss(make_worker: MakeWorker) -> N
     assert view.count_prefix([K1]) == 0
 
 
-class RefusingStore(MemoryStore):
+class RefusingStore(DictStore):
     """A full store: every write is refused."""
 
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
@@ -615,7 +615,7 @@ def test_staging_slots_are_reused_and_each_save_keeps_its_own_bytes(
 ) -> None:
     caches = _caches(layout, random=True)
     stats = TierStats()
-    worker = make_worker(MemoryStore(1 << 20), caches, stats=stats, save_queue=2 * BLOCK_BYTES)
+    worker = make_worker(DictStore(1 << 20), caches, stats=stats, save_queue=2 * BLOCK_BYTES)
     saved: dict[BlockKey, list[torch.Tensor]] = {}
     for plan in _steps(6, 2):  # six saves of the same two blocks through two slots
         for tensor in caches.values():
@@ -637,7 +637,7 @@ def test_staging_slots_are_reused_and_each_save_keeps_its_own_bytes(
 
 def _two_slot_worker(make_worker: MakeWorker, stats: TierStats) -> TierWorker:
     caches = _caches("blocks_first", random=True)
-    return make_worker(MemoryStore(1 << 20), caches, stats=stats, save_queue=2 * BLOCK_BYTES)
+    return make_worker(DictStore(1 << 20), caches, stats=stats, save_queue=2 * BLOCK_BYTES)
 
 
 def test_a_failed_write_gives_its_staging_slots_back(
@@ -671,7 +671,7 @@ def test_a_failed_copy_out_gives_its_staging_slots_back(
 def test_a_save_queue_smaller_than_a_block_drops_every_save(make_worker: MakeWorker) -> None:
     stats = TierStats()
     caches = _caches("blocks_first", random=True)
-    worker = make_worker(MemoryStore(1 << 20), caches, stats=stats, save_queue=BLOCK_BYTES - 1)
+    worker = make_worker(DictStore(1 << 20), caches, stats=stats, save_queue=BLOCK_BYTES - 1)
     _save_each(worker, _steps(1, 2))
     assert (stats.saved_blocks, stats.dropped_saves) == (0, 2)
 
@@ -681,7 +681,7 @@ def test_a_staging_copy_in_flight_holds_back_only_the_step_that_reuses_it(
 ) -> None:
     """On a GPU the copy into staging slots returns at once; a step waits for it only
     where the scheduler says the step overwrites a block the copy reads."""
-    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=True))
+    worker = make_worker(DictStore(1 << 20), _caches("blocks_first", random=True))
     _save(worker, (K1, 1))
     assert not worker._in_flight  # the host's copies are done when save returns
     staging, ordered = worker._staging, []
@@ -704,8 +704,8 @@ def test_a_staging_copy_in_flight_holds_back_only_the_step_that_reuses_it(
 def test_an_unregistered_rank_joins_the_collective_with_every_load_failed(
     make_worker: MakeWorker,
 ) -> None:
-    worker = make_worker(MemoryStore(1 << 20), _caches("blocks_first", random=True))
-    fresh = TierWorker(MemoryStore(1 << 20), namespace_id({"m": 1}), 0, TierStats())
+    worker = make_worker(DictStore(1 << 20), _caches("blocks_first", random=True))
+    fresh = TierWorker(DictStore(1 << 20), namespace_id({"m": 1}), 0, TierStats())
     asked: list[list[bool]] = []
     for rank in (worker, fresh):
         rank.agree_with_ranks(lambda landed: asked.append(list(landed)) or list(landed))

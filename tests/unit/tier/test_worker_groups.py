@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from kvmux import codec  # noqa: E402
 from kvmux.keys import block_keys, group_key, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
-from kvmux.stores import KVStore, MemoryStore  # noqa: E402
+from kvmux.stores import DictStore, KVStore  # noqa: E402
 from kvmux.tier.plan import BlockTransfer, TierStepPlan  # noqa: E402
 from kvmux.tier.worker import TierWorker  # noqa: E402
 
@@ -56,7 +56,7 @@ def _worker(
 
 
 def test_each_group_saves_and_loads_its_own_layers(workers: list[TierWorker]) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = _shared_caches(random=True)
     full, window = KEYS[0], group_key(KEYS[0], 1)
     saver = _worker(workers, store, source)
@@ -78,7 +78,7 @@ def test_each_group_saves_and_loads_its_own_layers(workers: list[TierWorker]) ->
 
 
 def test_an_entry_loaded_as_another_group_is_a_load_error(workers: list[TierWorker]) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     source = {
         "full.0": torch.randn((NUM_BLOCKS, 2, 4, 8)),
         "window.0": torch.randn((NUM_BLOCKS, 1, 4, 8)),
@@ -93,7 +93,7 @@ def test_an_entry_loaded_as_another_group_is_a_load_error(workers: list[TierWork
 
 
 def test_the_save_queue_counts_each_group_at_its_own_size(workers: list[TierWorker]) -> None:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     caches = {
         "full.0": torch.randn((NUM_BLOCKS, 2, 4, 8)),
         "window.0": torch.randn((NUM_BLOCKS, 1, 4, 8)),

@@ -17,7 +17,7 @@ from kvmux import codec
 from kvmux.cli import main
 from kvmux.config import DiskSpec, RedisSpec
 from kvmux.errors import ConfigError
-from kvmux.stores import DiskStore, MemoryStore
+from kvmux.stores import DictStore, DiskStore
 from kvmux.tier.generation import encode_record, new_generation
 from kvmux.tools.ops import (
     Progress,
@@ -388,7 +388,7 @@ def test_tier_descriptions_hide_passwords(tmp_path) -> None:
 
 
 def _fuzz_seed() -> bytes:
-    store = MemoryStore(1 << 20)
+    store = DictStore(1 << 20)
     written = write_model(store, "fuzz", 1, signing_keys("k1"))
     return written.values[written.keys[0]]
 

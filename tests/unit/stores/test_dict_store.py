@@ -1,8 +1,8 @@
-"""MemoryStore specifics: exact byte budget and LRU order."""
+"""DictStore specifics: exact byte budget and LRU order."""
 
 from __future__ import annotations
 
-from kvmux.stores import MemoryStore
+from kvmux.stores import DictStore
 
 
 def _key(i: int) -> bytes:
@@ -10,7 +10,7 @@ def _key(i: int) -> bytes:
 
 
 def test_lru_evicts_least_recently_used() -> None:
-    store = MemoryStore(300)
+    store = DictStore(300)
     for i in range(3):
         assert store.put(_key(i), bytes([i]) * 100)
     assert store.get(_key(0)) == bytes([0]) * 100  # 0 is now the most recently used
@@ -24,7 +24,7 @@ def test_lru_evicts_least_recently_used() -> None:
 
 
 def test_recently_read_entries_survive_many_evictions() -> None:
-    store = MemoryStore(10 * 100)
+    store = DictStore(10 * 100)
     hot = [_key(i) for i in range(3)]
     for key in hot:
         store.put(key, b"h" * 100)
@@ -38,7 +38,7 @@ def test_recently_read_entries_survive_many_evictions() -> None:
 
 
 def test_contains_does_not_refresh_recency() -> None:
-    store = MemoryStore(200)
+    store = DictStore(200)
     store.put(_key(0), b"a" * 100)
     store.put(_key(1), b"b" * 100)
     assert store.contains(_key(0))
@@ -48,7 +48,7 @@ def test_contains_does_not_refresh_recency() -> None:
 
 
 def test_re_put_replaces_and_refreshes() -> None:
-    store = MemoryStore(300)
+    store = DictStore(300)
     store.put(_key(0), b"a" * 100)
     store.put(_key(1), b"b" * 100)
     store.put(_key(0), b"A" * 150)
@@ -61,7 +61,7 @@ def test_re_put_replaces_and_refreshes() -> None:
 
 
 def test_large_entry_evicts_as_many_as_needed() -> None:
-    store = MemoryStore(300)
+    store = DictStore(300)
     for i in range(3):
         store.put(_key(i), b"x" * 100)
     assert store.put(_key(9), b"y" * 250)
@@ -71,7 +71,7 @@ def test_large_entry_evicts_as_many_as_needed() -> None:
 
 
 def test_refused_entry_evicts_nothing() -> None:
-    store = MemoryStore(300)
+    store = DictStore(300)
     for i in range(3):
         store.put(_key(i), b"x" * 100)
     assert store.put(_key(9), b"y" * 301) is False
@@ -80,7 +80,7 @@ def test_refused_entry_evicts_nothing() -> None:
 
 
 def test_delete_and_clear_update_length() -> None:
-    store = MemoryStore(1000)
+    store = DictStore(1000)
     for i in range(5):
         store.put(_key(i), b"x")
     store.delete(_key(0))

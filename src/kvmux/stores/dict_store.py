@@ -1,4 +1,9 @@
-"""Host-memory store: an LRU of bytes within a byte budget."""
+"""An in-process dict of bytes, LRU within a byte budget: a store for tools and tests.
+
+This is not the memory tier: a ``"type": "memory"`` tier keeps blocks in host slots
+(``kvmux.tier.worker.slab``) and never stores bytes here. ``open_store`` still builds a
+``DictStore`` from a ``MemorySpec``, for tools that want a byte store of that size.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,13 @@ from collections.abc import Sequence
 
 from kvmux.stores.base import KVStore, StoredEntry
 
-__all__ = ["MemoryStore"]
+__all__ = ["DictStore"]
 
 
-class MemoryStore(KVStore):
-    """LRU byte store that never holds more than ``capacity`` bytes."""
+class DictStore(KVStore):
+    """Bytes in a dict of this process, LRU, never more than ``capacity`` bytes."""
 
-    def __init__(self, capacity: int, name: str = "memory"):
+    def __init__(self, capacity: int, name: str = "dict"):
         self.name = name
         self.capacity = capacity
         self._entries: OrderedDict[bytes, bytes] = OrderedDict()
