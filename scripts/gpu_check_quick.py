@@ -65,13 +65,13 @@ from kvmux import codec  # noqa: E402
 from kvmux.keys import block_keys, namespace_id  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores.disk import DiskStore  # noqa: E402
-from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
-from kvmux.tier.slab import HostSlab  # noqa: E402
-from kvmux.tier.slab_worker import SlabWorker  # noqa: E402
-from kvmux.tier.streams import RecordingStreams  # noqa: E402
-from kvmux.tier.transfer import BlockMover  # noqa: E402
-from kvmux.tier.worker import TierWorker  # noqa: E402
-from kvmux.tier.worker_base import WorkerBase  # noqa: E402
+from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
+from kvmux.tier.worker.base import WorkerBase  # noqa: E402
+from kvmux.tier.worker.slab import HostSlab  # noqa: E402
+from kvmux.tier.worker.slab_worker import SlabWorker  # noqa: E402
+from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
+from kvmux.tier.worker.streams import RecordingStreams  # noqa: E402
+from kvmux.tier.worker.transfer import BlockMover  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM, BLOCK, LATENT = 32, 8, 128, 16, 576  # Llama 3.1 8B; MLA's latent
 DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}

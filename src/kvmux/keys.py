@@ -6,7 +6,7 @@ Scheme (version ``kvmux-keys-v2``, hash BLAKE3, 16-byte digests):
   everything that changes the bytes of a block: model and checkpoint identity,
   quantization, dtypes, KV shape and layout, block size, parallel sizes, platform.
 * ``root = blake3("kvmux-keys-v2" | namespace_id | generation)``, where the generation
-  is the tier's current 16-byte random id (``kvmux.tier.generation``), replaced at each
+  is the tier's current 16-byte random id (``kvmux.tier.scheduler.generation``), replaced at each
   reset: after a reset no key of an earlier generation is ever asked for.
 * ``key[i] = blake3(key[i-1] | uint32le(tokens of block i) | extra_keys(block i))`` with
   ``key[-1] = root``. The extra keys are exactly what vLLM folds into its own block

@@ -21,7 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from kvmux.config import MemorySpec, StoreConnectorConfig, StoreSpec
 from kvmux.stores import KVStore
-from kvmux.tier.slab_worker import SlabWorker
+from kvmux.tier.worker.slab_worker import SlabWorker
 from kvmux.vllm.engine_config import prefer_recompute
 from kvmux.vllm.store_connector import StoreConnector
 from tests.support.faulty_slab import FaultySlabWorker

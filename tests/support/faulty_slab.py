@@ -14,9 +14,9 @@ from typing import Any
 
 from kvmux.metrics import TierStats
 from kvmux.stores.dict_store import DictStore
-from kvmux.tier.plan import BlockTransfer
-from kvmux.tier.slab import HostSlab
-from kvmux.tier.slab_worker import SlabWorker
+from kvmux.tier.scheduler.plan import BlockTransfer
+from kvmux.tier.worker.slab import HostSlab
+from kvmux.tier.worker.slab_worker import SlabWorker
 from tests.support.faulty_store import FaultyStore
 
 __all__ = ["FaultySlabWorker"]

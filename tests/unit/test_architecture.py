@@ -17,16 +17,17 @@ import kvmux
 ROOT = Path(kvmux.__file__).parent
 TOP_LEVEL = {"__init__", "cli", "codec", "config", "errors", "keys", "metrics"}
 PACKAGES = {"mux", "policies", "stores", "tier", "tools", "vllm"}
-ROLE_NAMES = {"scheduler", "worker", "plan"}  # the same role, the same name, in tier/ and mux/
-TORCH_ALLOWED = (
-    "kvmux.tier.worker",
-    "kvmux.tier.transfer",
-    "kvmux.tier.slab",
-    "kvmux.tier.staging",
-    "kvmux.tier.streams",
-    "kvmux.vllm.",
-    "kvmux.tools.",
-)
+TIER = {"__init__", "fences", "scheduler", "worker"}  # fences: both sides of one protocol
+# The same role, the same name: each repeated basename, and the packages holding it.
+ROLE_HOMES = {
+    "scheduler": ["kvmux.mux", "kvmux.tier.scheduler"],
+    "plan": ["kvmux.mux", "kvmux.tier.scheduler"],
+    "worker": ["kvmux.mux", "kvmux.tier"],  # tier's is the package tier/worker/
+    "base": ["kvmux.stores", "kvmux.tier.worker"],  # what the package's kinds derive from
+}
+TORCH_ALLOWED = ("kvmux.tier.worker", "kvmux.vllm", "kvmux.tools")  # packages
+SCHEDULER_SIDE = "kvmux.tier.scheduler"
+NEVER_ON_THE_SCHEDULER_SIDE = ("torch", "kvmux.tier.worker")
 
 
 def _module_name(path: Path) -> str:
@@ -57,6 +58,11 @@ def _importers(prefix: str) -> set[str]:
     }
 
 
+def _in(name: str, packages: tuple[str, ...]) -> bool:
+    """Whether module ``name`` is one of ``packages`` or below one."""
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
 def _is_tooling(name: str) -> bool:
     return name.startswith("kvmux.tools") or name == "kvmux.cli"
 
@@ -66,6 +72,10 @@ def test_top_level_holds_only_shared_vocabulary_and_the_cli() -> None:
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert files == TOP_LEVEL
     assert folders == PACKAGES
+
+
+def test_tier_splits_into_its_scheduler_and_worker_sides() -> None:
+    assert {p.stem for p in (ROOT / "tier").iterdir() if p.name != "__pycache__"} == TIER
 
 
 def test_only_the_adapter_and_the_tools_import_vllm() -> None:
@@ -78,8 +88,15 @@ def test_the_library_never_imports_the_tools() -> None:
 
 
 def test_torch_stays_on_the_worker_side() -> None:
-    users = {m for m in _importers("torch") if not m.startswith(TORCH_ALLOWED)}
+    users = {m for m in _importers("torch") if not _in(m, TORCH_ALLOWED)}
     assert users == set()
+
+
+def test_the_scheduler_side_never_imports_torch_nor_the_worker_side() -> None:
+    for name, path in _modules().items():
+        if _in(name, (SCHEDULER_SIDE,)):
+            reached = {i for i in _imports(path) if _in(i, NEVER_ON_THE_SCHEDULER_SIDE)}
+            assert reached == set(), name
 
 
 @pytest.mark.parametrize("package", ["stores", "policies", "tier", "mux"])
@@ -98,8 +115,17 @@ def test_lower_roles_do_not_reach_up(package: str) -> None:
 
 
 def test_basenames_repeat_only_for_the_same_role() -> None:
-    library = [p for n, p in _modules().items() if not _is_tooling(n) and p.stem != "__init__"]
-    repeated = {stem for stem, count in Counter(p.stem for p in library).items() if count > 1}
-    assert repeated <= ROLE_NAMES
+    library = {n: p for n, p in _modules().items() if not _is_tooling(n) and p.stem != "__init__"}
+    repeated = {
+        stem for stem, count in Counter(p.stem for p in library.values()).items() if count > 1
+    }
+    assert repeated <= set(ROLE_HOMES)
     for stem in repeated:
-        assert sorted(p.parent.name for p in library if p.stem == stem) == ["mux", "tier"]
+        homes = sorted(n.rpartition(".")[0] for n, p in library.items() if p.stem == stem)
+        assert homes == ROLE_HOMES[stem], stem
+
+
+def test_each_role_has_its_name_in_tier_and_mux() -> None:
+    modules = _modules()
+    for stem, homes in ROLE_HOMES.items():
+        assert {f"{home}.{stem}" for home in homes} <= set(modules), stem

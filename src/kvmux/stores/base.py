@@ -123,7 +123,7 @@ class KVStore(ABC):
         """Remove every entry."""
 
     def read_generation(self) -> bytes | None:
-        """The tier's generation record as stored (see ``kvmux.tier.generation``), or None.
+        """The tier's generation record as stored (``kvmux.tier.scheduler.generation``), or None.
 
         At most ``GENERATION_RECORD_MAX + 1`` bytes are read: anything longer is no
         record, and the caller refuses it. This default lives in the process (right for a

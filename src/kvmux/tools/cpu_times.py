@@ -1,7 +1,7 @@
 """CPU seconds of a process tree, by role: where an engine's time goes (Linux ``/proc``).
 
 A role is read off names: a thread named ``kvmux-...`` is one of kvmux's helper threads
-(``tier/threads.py`` names them); otherwise the process's name says it: vLLM's worker
+(``tier/worker/threads.py`` names them); otherwise the process's name says it: vLLM's worker
 (``VLLM::Worker``: the forward pass), its engine core (``VLLM::EngineCore``), the process
 that asked (the front end), or any other process by its own name (``redis-server``).
 """
@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvmux.tier.threads import child_pids
+from kvmux.tier.worker.threads import child_pids
 
 __all__ = ["ROLES", "cpu_seconds", "process_tree", "role_of"]
 

@@ -11,8 +11,8 @@ import torch
 from blake3 import blake3
 
 from kvmux.errors import ConfigError
-from kvmux.tier.save_queue import SaveQueueSizing, host_memory_bytes
-from kvmux.tier.slab import ROW_ALIGN
+from kvmux.tier.worker.save_queue import SaveQueueSizing, host_memory_bytes
+from kvmux.tier.worker.slab import ROW_ALIGN
 from kvmux.vllm.checkpoint import checkpoint_identity
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def block_size_of(kv_cache_config: KVCacheConfig) -> int:
 
 
 def slab_slot_bytes(kv_cache_config: KVCacheConfig) -> int:
-    """Host bytes of one slot of the memory tier's slab (``tier/slab.py``), of one rank.
+    """Host bytes of one slot of the memory tier's slab (``tier/worker/slab.py``), of one rank.
 
     A slot holds one block of any group: layer position ``p`` is as wide as the widest
     ``p``-th layer of any group, rounded up to ``ROW_ALIGN``.
@@ -116,7 +116,7 @@ def _hf_config_digest(vllm_config: VllmConfig) -> str:
 
 def saves_copy_async() -> bool:
     """Whether the workers' save copies run on a device stream, past the save's return
-    (CUDA, see ``tier/slab.py``): their blocks' reuse is then fenced (``tier/fences.py``)."""
+    (CUDA, see ``tier/worker/slab.py``): their blocks' reuse is then fenced (``tier/fences.py``)."""
     from vllm.platforms import current_platform
 
     return str(current_platform.device_type) == "cuda"

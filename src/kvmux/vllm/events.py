@@ -38,7 +38,7 @@ from vllm.v1.core.kv_cache_utils import (
 
 from kvmux.config import MemorySpec, RedisSpec, StoreSpec
 from kvmux.keys import BlockKey
-from kvmux.tier.plan import SavedBlock
+from kvmux.tier.scheduler.plan import SavedBlock
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -11,7 +11,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvmux.keys import BlockKey
 from kvmux.mux.plan import MuxStepPlan
-from kvmux.tier.plan import TierStepPlan
+from kvmux.tier.scheduler.plan import TierStepPlan
 
 __all__ = ["MuxMetadata", "MuxWorkerMetadata", "StoreConnectorMetadata", "StoreWorkerMetadata"]
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvmux.tier.worker_base import RankAgreement
+from kvmux.tier.worker.base import RankAgreement
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -32,12 +32,12 @@ from kvmux.keys import namespace_id
 from kvmux.metrics import GAUGES, TierStats
 from kvmux.mux.capabilities import Capabilities
 from kvmux.stores import KVStore, open_store
-from kvmux.tier.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
-from kvmux.tier.plan import TierStepPlan
-from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
-from kvmux.tier.slab_worker import SlabWorker
-from kvmux.tier.worker import TierWorker
-from kvmux.tier.worker_base import WorkerBase
+from kvmux.tier.scheduler.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
+from kvmux.tier.scheduler.plan import TierStepPlan
+from kvmux.tier.scheduler.scheduler import ScheduledRequest, TierScheduler
+from kvmux.tier.worker.base import WorkerBase
+from kvmux.tier.worker.slab_worker import SlabWorker
+from kvmux.tier.worker.store_worker import TierWorker
 from kvmux.vllm.engine_config import (
     block_size_of,
     engine_namespace,
@@ -193,7 +193,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 fence_saves=self._fence_saves,
             )
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
-        elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/slab.py
+        elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/worker/slab.py
             slots = spec.capacity // slab_slot_bytes(kv_cache_config)
             self._worker = self.open_slab_worker(spec, slots)
         else:

@@ -15,7 +15,7 @@ import redis
 from kvmux.cli import main
 from kvmux.config import RedisSpec
 from kvmux.stores.redis import RedisStore
-from kvmux.tier.generation import encode_record, new_generation
+from kvmux.tier.scheduler.generation import encode_record, new_generation
 from tests.support.redis_server import RedisServer
 from tests.support.tier_entries import signing_keys, write_model
 

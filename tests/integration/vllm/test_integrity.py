@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvmux import codec
-from kvmux.tier.generation import decode_record
+from kvmux.tier.scheduler.generation import decode_record
 from tests.integration.conftest import generate, make_prompt, results, store_kv
 
 pytestmark = pytest.mark.vllm

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvmux.keys import block_keys, generation_namespace, store_key
-from kvmux.tier.generation import decode_record
+from kvmux.tier.scheduler.generation import decode_record
 from tests.integration.conftest import (
     BASE_ENGINE,
     ENGINE_ENV,

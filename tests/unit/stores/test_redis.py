@@ -16,7 +16,7 @@ from kvmux.metrics import TierStats
 from kvmux.stores.base import GENERATION_RECORD_MAX, KVStore
 from kvmux.stores.dict_store import DictStore
 from kvmux.stores.redis import RedisStore
-from kvmux.tier.index import RemoteStoreView
+from kvmux.tier.scheduler.index import RemoteStoreView
 from tests.support.redis_server import RedisServer, make_tls_files
 
 

@@ -33,7 +33,7 @@ from kvmux.errors import CorruptEntry
 from kvmux.stores.base import GENERATION_RECORD_MAX
 from kvmux.stores.redis import RedisStore
 from kvmux.stores.split import parse_manifest
-from kvmux.tier.generation import decode_record, encode_record, new_generation
+from kvmux.tier.scheduler.generation import decode_record, encode_record, new_generation
 
 PREFIX = b"\x00kvmux-parts-v1\x00"
 BODY = struct.Struct("<IQ16s")  # part count, total length, write nonce

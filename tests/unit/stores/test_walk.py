@@ -15,7 +15,7 @@ from kvmux.errors import ConfigError
 from kvmux.stores import DictStore, DiskStore, KVStore
 from kvmux.stores.redis import RedisStore
 from kvmux.stores.redis_walk import entry_key, entry_pattern, no_touch_hook
-from kvmux.tier.generation import encode_record, new_generation
+from kvmux.tier.scheduler.generation import encode_record, new_generation
 
 MakeStore = Callable[..., KVStore]
 

@@ -1,4 +1,4 @@
-"""kvmux.tier.index: the scheduler's views of a tier."""
+"""kvmux.tier.scheduler.index: the scheduler's views of a tier."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from kvmux.errors import StoreError
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores import DictStore
-from kvmux.tier.generation import decode_generation, decode_record, encode_record
-from kvmux.tier.index import (
+from kvmux.tier.scheduler.generation import decode_generation, decode_record, encode_record
+from kvmux.tier.scheduler.index import (
     LostKeys,
     MirrorIndex,
     RecentSaves,

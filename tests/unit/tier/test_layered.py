@@ -1,4 +1,4 @@
-"""kvmux.tier.layered.LayerCopies: a step's copies run in layer order beside the caller."""
+"""kvmux.tier.worker.layered.LayerCopies: a step's copies run in layer order beside the caller."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvmux.tier.layered import LayerCopies
+from kvmux.tier.worker.layered import LayerCopies
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Asynchronous loads (kvmux.tier.loader through TierWorker): off the caller's thread,
+"""Asynchronous loads (kvmux.tier.worker.loader through TierWorker): off the caller's thread,
 each request reported exactly once, failures by position, aborts stop a load."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ torch = pytest.importorskip("torch")
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores import DictStore, KVStore  # noqa: E402
-from kvmux.tier import loader  # noqa: E402
-from kvmux.tier.loader import FinishedLoads, StepBudget  # noqa: E402
-from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
-from kvmux.tier.worker import TierWorker  # noqa: E402
+from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
+from kvmux.tier.worker import loader  # noqa: E402
+from kvmux.tier.worker.loader import FinishedLoads, StepBudget  # noqa: E402
+from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
 
 NUM_BLOCKS = 12
 NS = namespace_id({"m": "async"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmux.tier.read_buffers import ReadBuffers
+from kvmux.tier.worker.read_buffers import ReadBuffers
 
 
 def test_buffers_taken_back_are_lent_again() -> None:

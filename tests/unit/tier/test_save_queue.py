@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvmux.tier.save_queue import FLOOR_BYTES, HOST_SHARE, SaveQueueSizing
+from kvmux.tier.worker.save_queue import FLOOR_BYTES, HOST_SHARE, SaveQueueSizing
 
 GIB = 2**30
 LLAMA_8B_FP32_BLOCK = 128 * 256 * 2**10  # 128 tokens of 32 layers x 8 KV heads x 128 x 4 B

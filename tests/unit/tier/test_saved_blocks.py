@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from kvmux.keys import BlockKey, block_keys, group_key, namespace_id
 from kvmux.metrics import TierStats
-from kvmux.tier.index import MirrorIndex
-from kvmux.tier.plan import SavedBlock
-from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
+from kvmux.tier.scheduler.index import MirrorIndex
+from kvmux.tier.scheduler.plan import SavedBlock
+from kvmux.tier.scheduler.scheduler import ScheduledRequest, TierScheduler
 
 NS = namespace_id({"m": "x"})
 BS = 16

@@ -1,4 +1,4 @@
-"""kvmux.tier.scheduler: lookups, load plans and save plans of one tier (pure Python)."""
+"""kvmux.tier.scheduler.scheduler: lookups, load plans and save plans of one tier (pure Python)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from kvmux.keys import BlockKey, block_keys, encode_extra_keys, namespace_id
 from kvmux.metrics import TierStats
-from kvmux.tier.index import MirrorIndex, TierView
-from kvmux.tier.plan import BlockTransfer, TierStepPlan
-from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
+from kvmux.tier.scheduler.index import MirrorIndex, TierView
+from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.scheduler.scheduler import ScheduledRequest, TierScheduler
 
 NS = namespace_id({"m": "x"})
 BS = 16

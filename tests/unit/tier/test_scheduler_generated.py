@@ -1,4 +1,4 @@
-"""kvmux.tier.scheduler: saving the blocks a request generates (``offload_prompt_only``)."""
+"""TierScheduler: saving the blocks a request generates (``offload_prompt_only``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from kvmux.errors import UnkeyableInput
 from kvmux.keys import block_keys, group_key
 from kvmux.metrics import TierStats
-from kvmux.tier.index import MirrorIndex
-from kvmux.tier.scheduler import ScheduledRequest, TierScheduler
+from kvmux.tier.scheduler.index import MirrorIndex
+from kvmux.tier.scheduler.scheduler import ScheduledRequest, TierScheduler
 from tests.unit.tier.test_scheduler import BS, ENTRY, NS, ForgetfulView, _prompt, _scheduler
 
 PROMPT = _prompt(40, seed=1)  # two full blocks and 8 tokens

@@ -1,4 +1,4 @@
-"""kvmux.tier.scheduler with several KV cache groups: keys, windows, hit points, plans."""
+"""kvmux.tier.scheduler.scheduler with several KV cache groups: keys, windows, hit points, plans."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from kvmux.keys import BlockKey, block_keys, group_key, namespace_id
 from kvmux.metrics import TierStats
-from kvmux.tier.index import MirrorIndex, TierView
-from kvmux.tier.scheduler import NULL_BLOCK, ScheduledRequest, TierScheduler
+from kvmux.tier.scheduler.index import MirrorIndex, TierView
+from kvmux.tier.scheduler.scheduler import NULL_BLOCK, ScheduledRequest, TierScheduler
 
 NS = namespace_id({"m": "hybrid"})
 BS = 16

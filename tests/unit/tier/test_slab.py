@@ -1,4 +1,4 @@
-"""kvmux.tier.slab.HostSlab: whole blocks into slots and back, bit for bit, in any layout."""
+"""kvmux.tier.worker.slab.HostSlab: whole blocks into slots and back, bit for bit, in any layout."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvmux.tier.slab import HostSlab, SlotRun, slot_runs  # noqa: E402
-from kvmux.tier.transfer import BlockMover  # noqa: E402
+from kvmux.tier.worker.slab import HostSlab, SlotRun, slot_runs  # noqa: E402
+from kvmux.tier.worker.transfer import BlockMover  # noqa: E402
 
 NUM_BLOCKS = 8
 LAYOUTS = {  # shape of one layer's cache, and the dimension indexing its blocks

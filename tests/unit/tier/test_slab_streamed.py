@@ -1,4 +1,4 @@
-"""kvmux.tier.slab.HostSlab's GPU path, run on the host with recording streams."""
+"""kvmux.tier.worker.slab.HostSlab's GPU path, run on the host with recording streams."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from kvmux.tier.slab import HostSlab, SlotEvents  # noqa: E402
-from kvmux.tier.streams import RecordingStreams  # noqa: E402
-from kvmux.tier.transfer import BlockMover  # noqa: E402
+from kvmux.tier.worker.slab import HostSlab, SlotEvents  # noqa: E402
+from kvmux.tier.worker.streams import RecordingStreams  # noqa: E402
+from kvmux.tier.worker.transfer import BlockMover  # noqa: E402
 
 NUM_BLOCKS = 12
 LAYOUTS = {  # vLLM's GPU layouts of one layer (small), and the dimension of blocks

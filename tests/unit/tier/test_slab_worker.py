@@ -1,4 +1,4 @@
-"""kvmux.tier.slab_worker.SlabWorker: the memory tier's slots, kept in step with its index."""
+"""kvmux.tier.worker.slab_worker: the memory tier's slots, kept in step with its index."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 
 from kvmux.keys import BlockKey, block_keys, namespace_id  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
-from kvmux.tier import slab_worker  # noqa: E402
-from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
-from kvmux.tier.slab import HostSlab  # noqa: E402
-from kvmux.tier.slab_worker import SlabWorker  # noqa: E402
+from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
+from kvmux.tier.worker import slab_worker  # noqa: E402
+from kvmux.tier.worker.slab import HostSlab  # noqa: E402
+from kvmux.tier.worker.slab_worker import SlabWorker  # noqa: E402
 
 NUM_BLOCKS = 8
 NS = namespace_id({"m": "slab"})

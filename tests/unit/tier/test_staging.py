@@ -1,4 +1,4 @@
-"""kvmux.tier.staging.StagingBuffers: host buffers reused once the device has read them."""
+"""kvmux.tier.worker.staging.StagingBuffers: host buffers reused once the device has read them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from kvmux.tier.staging import StagingBuffers
+from kvmux.tier.worker.staging import StagingBuffers
 
 
 class _Read:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvmux.tier import transfer
-from kvmux.tier.threads import (
+from kvmux.tier.worker import transfer
+from kvmux.tier.worker.threads import (
     HELPER_NICE,
     has_spare_core,
     in_background,
@@ -56,7 +56,7 @@ def test_sibling_cores_reads_the_other_children_of_the_parent() -> None:
         preexec_fn=lambda: os.sched_setaffinity(0, bound),
     )
     try:
-        probe = "import json; from kvmux.tier.threads import sibling_cores as s; "
+        probe = "import json; from kvmux.tier.worker.threads import sibling_cores as s; "
         probe += "print(json.dumps([sorted(c) for c in s()]))"
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
         assert sorted(bound) in json.loads(out.stdout)

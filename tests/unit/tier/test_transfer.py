@@ -1,4 +1,4 @@
-"""kvmux.tier.transfer.BlockMover on small CPU tensors."""
+"""kvmux.tier.worker.transfer.BlockMover on small CPU tensors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from kvmux import codec  # noqa: E402
 from kvmux.codec import LayerSpec  # noqa: E402
 from kvmux.errors import CorruptEntry, UnsupportedLayout  # noqa: E402
 from kvmux.keys import namespace_id  # noqa: E402
-from kvmux.tier.streams import RecordingStreams  # noqa: E402
-from kvmux.tier.transfer import BlockMover, CopyStream  # noqa: E402
+from kvmux.tier.worker.streams import RecordingStreams  # noqa: E402
+from kvmux.tier.worker.transfer import BlockMover, CopyStream  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "x"})

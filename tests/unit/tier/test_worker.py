@@ -1,4 +1,4 @@
-"""kvmux.tier.worker.TierWorker: saves through the writer thread, loads back, errors as misses."""
+"""kvmux.tier.worker.store_worker: saves through the writer thread, loads back, errors as misses."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from kvmux.errors import StoreError  # noqa: E402
 from kvmux.keys import BlockKey, block_keys, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores import DictStore, DiskStore, KVStore  # noqa: E402
-from kvmux.tier.index import SharedStoreView  # noqa: E402
-from kvmux.tier.plan import BlockTransfer, TierStepPlan  # noqa: E402
-from kvmux.tier.worker import TierWorker  # noqa: E402
+from kvmux.tier.scheduler.index import SharedStoreView  # noqa: E402
+from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan  # noqa: E402
+from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "x"})

@@ -1,4 +1,4 @@
-"""kvmux.tier.worker.TierWorker with several KV cache groups: one entry per group's block."""
+"""kvmux.tier.worker.store_worker with several KV cache groups: one entry per group's block."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from kvmux import codec  # noqa: E402
 from kvmux.keys import block_keys, group_key, namespace_id, store_key  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores import DictStore, KVStore  # noqa: E402
-from kvmux.tier.plan import BlockTransfer, TierStepPlan  # noqa: E402
-from kvmux.tier.worker import TierWorker  # noqa: E402
+from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan  # noqa: E402
+from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "hybrid"})

@@ -18,7 +18,7 @@ from kvmux.cli import main
 from kvmux.config import DiskSpec, RedisSpec
 from kvmux.errors import ConfigError
 from kvmux.stores import DictStore, DiskStore
-from kvmux.tier.generation import encode_record, new_generation
+from kvmux.tier.scheduler.generation import encode_record, new_generation
 from kvmux.tools.ops import (
     Progress,
     Scan,

@@ -28,7 +28,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvmux.keys import BlockKey
-from kvmux.tier.plan import RequestLoad
+from kvmux.tier.scheduler.plan import RequestLoad
 from kvmux.tools.models import build_random_llama
 from kvmux.vllm import StoreConnector
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata

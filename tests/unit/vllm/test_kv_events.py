@@ -29,7 +29,7 @@ from vllm.v1.request import Request
 
 from kvmux.config import parse_store_connector_config
 from kvmux.keys import BlockKey
-from kvmux.tier.plan import SavedBlock
+from kvmux.tier.scheduler.plan import SavedBlock
 from kvmux.tools.models import build_random_llama
 from kvmux.vllm import MuxConnector, StoreConnector
 from kvmux.vllm import events as events_module

@@ -26,7 +26,7 @@ from kvmux.config import parse_store_spec
 from kvmux.errors import ConfigError
 from kvmux.keys import block_keys, namespace_id, store_key
 from kvmux.stores import DiskStore
-from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
+from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan
 from kvmux.vllm import StoreConnector, store_connector
 from kvmux.vllm.engine_config import engine_namespace
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvmux.config import parse_capacity
 from kvmux.stores import DiskStore
-from kvmux.tier.generation import decode_generation, encode_record, new_generation
+from kvmux.tier.scheduler.generation import decode_generation, encode_record, new_generation
 
 __all__ = ["DISK_CAPACITY", "fill_disk", "forget_disk"]
 

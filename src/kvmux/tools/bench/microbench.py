@@ -23,9 +23,9 @@ from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore, ValueParts
 from kvmux.stores.disk import DiskStore
 from kvmux.stores.redis import RedisStore
-from kvmux.tier.plan import BlockTransfer, TierStepPlan
-from kvmux.tier.slab_worker import SlabWorker
-from kvmux.tier.transfer import BlockMover
+from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.worker.slab_worker import SlabWorker
+from kvmux.tier.worker.transfer import BlockMover
 from kvmux.tools.bench.page_cache import CAN_EVICT, evict_page_cache, page_cache_state
 from kvmux.tools.bench.redis_proc import RedisProcess
 

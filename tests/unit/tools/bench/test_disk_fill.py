@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvmux.stores import DiskStore
-from kvmux.tier.generation import decode_record
+from kvmux.tier.scheduler.generation import decode_record
 from kvmux.tools.bench.disk_fill import fill_disk, forget_disk
 
 ENTRY = 100 * 2**10

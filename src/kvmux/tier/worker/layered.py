@@ -43,7 +43,7 @@ class LayerCopies:
     """Runs each step's per-layer copies, in order, on a helper thread of its own."""
 
     def __init__(self, name: str):
-        from kvmux.tier.transfer import on_this_device  # worker side: torch is there
+        from kvmux.tier.worker.transfer import on_this_device  # worker side: torch is there
 
         self._pool = ThreadPoolExecutor(
             1, thread_name_prefix=f"kvmux-{name}-layers", initializer=on_this_device()

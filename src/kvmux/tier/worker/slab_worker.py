@@ -19,12 +19,12 @@ import torch
 from kvmux.errors import ConfigError
 from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
-from kvmux.tier.layered import LayerCopies
-from kvmux.tier.plan import BlockTransfer, TierStepPlan
-from kvmux.tier.slab import HostLayer, HostSlab, copy_slots_in
-from kvmux.tier.threads import has_spare_core
-from kvmux.tier.transfer import CopyStream, group_movers
-from kvmux.tier.worker_base import WorkerBase
+from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.worker.base import WorkerBase
+from kvmux.tier.worker.layered import LayerCopies
+from kvmux.tier.worker.slab import HostLayer, HostSlab, copy_slots_in
+from kvmux.tier.worker.threads import has_spare_core
+from kvmux.tier.worker.transfer import CopyStream, group_movers
 
 __all__ = ["SlabWorker"]
 

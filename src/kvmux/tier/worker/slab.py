@@ -33,8 +33,8 @@ import numpy
 import torch
 
 from kvmux.tier.fences import SaveMark
-from kvmux.tier.streams import CudaStreams, Streams
-from kvmux.tier.transfer import STAGE_BYTES, BlockMover, chunks, index_on, widest_view
+from kvmux.tier.worker.streams import CudaStreams, Streams
+from kvmux.tier.worker.transfer import STAGE_BYTES, BlockMover, chunks, index_on, widest_view
 
 __all__ = [
     "CudaMark",

@@ -1,7 +1,7 @@
 """Worker-side half of a tier: runs a step's loads and hands its saves to a writer thread.
 
 Synchronous loads are copied in before the forward pass that reads them; asynchronous
-ones run on an ``AsyncLoader`` (``tier/loader.py``) while the engine keeps stepping.
+ones run on an ``AsyncLoader`` (``tier/worker/loader.py``) while the engine keeps stepping.
 A save is gathered from the KV cache into staging slots allocated once (the save queue:
 ``HostSlab``), encoded and written from there, and its slots reused once written: no
 host memory is allocated per save (fresh pages cost the forward pass more than the copy).
@@ -25,13 +25,13 @@ from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
 from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore, ValueParts, value_nbytes
-from kvmux.tier.loader import FinishedLoads
-from kvmux.tier.plan import BlockTransfer, TierStepPlan
-from kvmux.tier.read_buffers import ReadBuffers
-from kvmux.tier.save_queue import SaveQueueSizing
-from kvmux.tier.slab import HostSlab
-from kvmux.tier.transfer import BlockMover, CopyStream, group_movers, on_this_device
-from kvmux.tier.worker_base import WorkerBase
+from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.worker.base import WorkerBase
+from kvmux.tier.worker.loader import FinishedLoads
+from kvmux.tier.worker.read_buffers import ReadBuffers
+from kvmux.tier.worker.save_queue import SaveQueueSizing
+from kvmux.tier.worker.slab import HostSlab
+from kvmux.tier.worker.transfer import BlockMover, CopyStream, group_movers, on_this_device
 
 __all__ = ["FinishedLoads", "TierWorker"]
 

@@ -21,8 +21,8 @@ from kvmux.errors import UnkeyableInput
 from kvmux.keys import BlockKey, block_keys, generation_namespace, group_key
 from kvmux.metrics import TierStats
 from kvmux.tier.fences import SavedBlocks
-from kvmux.tier.index import TierView
-from kvmux.tier.plan import BlockTransfer, RequestLoad, SavedBlock, TierStepPlan
+from kvmux.tier.scheduler.index import TierView
+from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, SavedBlock, TierStepPlan
 
 __all__ = ["NULL_BLOCK", "ScheduledRequest", "TierScheduler"]
 

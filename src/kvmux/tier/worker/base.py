@@ -1,7 +1,7 @@
 """What every worker-side tier shares: a step's load bookkeeping and what a save must skip.
 
-``TierWorker`` (``tier/worker.py``) moves blocks to and from a byte store;
-``SlabWorker`` (``tier/slab_worker.py``) to and from preallocated host slots.
+``TierWorker`` (``tier/worker/store_worker.py``) moves blocks to and from a byte store;
+``SlabWorker`` (``tier/worker/slab_worker.py``) to and from preallocated host slots.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.tier.fences import InFlightSaves
-from kvmux.tier.loader import AsyncLoader, FinishedLoads
-from kvmux.tier.plan import BlockTransfer, RequestLoad, TierStepPlan
-from kvmux.tier.transfer import CopyStream
+from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan
+from kvmux.tier.worker.loader import AsyncLoader, FinishedLoads
+from kvmux.tier.worker.transfer import CopyStream
 
 __all__ = ["RankAgreement", "WorkerBase"]
 

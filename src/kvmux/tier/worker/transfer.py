@@ -29,9 +29,9 @@ import torch
 
 from kvmux.codec import DecodedEntry, LayerSpec
 from kvmux.errors import CorruptEntry, UnsupportedLayout
-from kvmux.tier.staging import StagingBuffers
-from kvmux.tier.streams import CudaStreams, Streams
-from kvmux.tier.threads import in_background
+from kvmux.tier.worker.staging import StagingBuffers
+from kvmux.tier.worker.streams import CudaStreams, Streams
+from kvmux.tier.worker.threads import in_background
 
 __all__ = [
     "STAGE_BYTES",

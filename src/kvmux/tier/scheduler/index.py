@@ -16,7 +16,7 @@ from kvmux.codec import SigningKeys
 from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore
-from kvmux.tier.generation import GenerationTracker, new_generation
+from kvmux.tier.scheduler.generation import GenerationTracker, new_generation
 
 __all__ = ["MirrorIndex", "RecentSaves", "RemoteStoreView", "SharedStoreView", "TierView"]
 

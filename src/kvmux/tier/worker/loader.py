@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kvmux.tier.plan import BlockTransfer, RequestLoad
-from kvmux.tier.transfer import CopyStream, on_this_device
+from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad
+from kvmux.tier.worker.transfer import CopyStream, on_this_device
 
 __all__ = ["AsyncLoader", "FinishedLoads", "StepBudget"]
 
