@@ -69,7 +69,7 @@ from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan  
 from kvmux.tier.worker.base import WorkerBase  # noqa: E402
 from kvmux.tier.worker.slab import HostSlab  # noqa: E402
 from kvmux.tier.worker.slab_worker import SlabWorker  # noqa: E402
-from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
+from kvmux.tier.worker.store_worker import StoreWorker  # noqa: E402
 from kvmux.tier.worker.streams import RecordingStreams  # noqa: E402
 from kvmux.tier.worker.transfer import BlockMover  # noqa: E402
 
@@ -159,10 +159,10 @@ def _plan(step: int, keys: list[Any], ids: list[int], fence: int = 0) -> TierSte
     )
 
 
-def _disk_worker(directory: Path, block_bytes: int, count: int) -> TierWorker:
+def _disk_worker(directory: Path, block_bytes: int, count: int) -> StoreWorker:
     """A disk tier with room for ``count`` blocks in its store and its save queue."""
     store = DiskStore(directory, capacity=4 * count * block_bytes)
-    return TierWorker(store, NAMESPACE, 0, TierStats(), save_queue=2 * count * block_bytes)
+    return StoreWorker(store, NAMESPACE, 0, TierStats(), save_queue=2 * count * block_bytes)
 
 
 def _workers(run: Run, directory: Path, block_bytes: int, count: int) -> dict[str, WorkerBase]:
@@ -609,7 +609,7 @@ def _pinned(run: Run, directory: Path) -> None:
     before = _resident_bytes()
     memory = SlabWorker("memory", count, 0, TierStats())
     memory.register(caches, run.blocks)
-    disk = TierWorker(DiskStore(directory / "pinned", 1 << 30), NAMESPACE, 0, TierStats())
+    disk = StoreWorker(DiskStore(directory / "pinned", 1 << 30), NAMESPACE, 0, TierStats())
     disk.register(caches, run.blocks)
     grown = _resident_bytes() - before
     slab, staging = memory._slab, disk._staging

@@ -37,7 +37,7 @@ from kvmux.tier.scheduler.plan import TierStepPlan
 from kvmux.tier.scheduler.scheduler import ScheduledRequest, TierScheduler
 from kvmux.tier.worker.base import WorkerBase
 from kvmux.tier.worker.slab_worker import SlabWorker
-from kvmux.tier.worker.store_worker import TierWorker
+from kvmux.tier.worker.store_worker import StoreWorker
 from kvmux.vllm.engine_config import (
     block_size_of,
     engine_namespace,
@@ -197,7 +197,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             slots = spec.capacity // slab_slot_bytes(kv_cache_config)
             self._worker = self.open_slab_worker(spec, slots)
         else:
-            self._worker = TierWorker(
+            self._worker = StoreWorker(
                 self.open_store(spec),
                 self._namespace,
                 _worker_rank(),

@@ -1,4 +1,4 @@
-"""Asynchronous loads (kvmux.tier.worker.loader through TierWorker): off the caller's thread,
+"""Asynchronous loads (kvmux.tier.worker.loader through StoreWorker): off the caller's thread,
 each request reported exactly once, failures by position, aborts stop a load."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from kvmux.stores import DictStore, KVStore  # noqa: E402
 from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
 from kvmux.tier.worker import loader  # noqa: E402
 from kvmux.tier.worker.loader import FinishedLoads, StepBudget  # noqa: E402
-from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
+from kvmux.tier.worker.store_worker import StoreWorker  # noqa: E402
 
 NUM_BLOCKS = 12
 NS = namespace_id({"m": "async"})
 KEYS = block_keys(NS, list(range(8 * 16)), 16)
 SHAPE = (NUM_BLOCKS, 2, 4, 8)
 
-MakeWorker = Callable[..., TierWorker]
+MakeWorker = Callable[..., StoreWorker]
 
 
 def _caches(random: bool) -> dict[str, torch.Tensor]:
@@ -51,12 +51,12 @@ class GatedStore(DictStore):
 
 @pytest.fixture
 def make_worker() -> Iterator[MakeWorker]:
-    workers: list[TierWorker] = []
+    workers: list[StoreWorker] = []
 
     def make(
         store: KVStore, caches: dict[str, torch.Tensor] | None, stats: TierStats
-    ) -> TierWorker:
-        worker = TierWorker(store, NS, 0, stats)
+    ) -> StoreWorker:
+        worker = StoreWorker(store, NS, 0, stats)
         if caches is not None:
             worker.register(caches, NUM_BLOCKS)
         workers.append(worker)
@@ -81,7 +81,7 @@ def _load(req_id: str, start: int, keys: list[BlockKey], blocks: list[int]) -> R
     return RequestLoad(req_id, start, positions)
 
 
-def _wait(worker: TierWorker, count: int = 1, aborted: set[str] | None = None) -> FinishedLoads:
+def _wait(worker: StoreWorker, count: int = 1, aborted: set[str] | None = None) -> FinishedLoads:
     """Every report until ``count`` requests finished (a test never waits for ever)."""
     total = FinishedLoads()
     deadline = time.monotonic() + 10
@@ -195,7 +195,7 @@ def test_an_async_load_waits_for_a_queued_save_of_its_key(make_worker: MakeWorke
 
 def test_close_stops_loads_in_flight(make_worker: MakeWorker) -> None:
     store = GatedStore(1 << 20)
-    worker = TierWorker(store, NS, 0, TierStats())
+    worker = StoreWorker(store, NS, 0, TierStats())
     worker.register(_caches(random=False), NUM_BLOCKS)
     worker.start_loads([_load("r", 0, KEYS[:1], [1])])
     store.gate.set()

@@ -20,7 +20,7 @@ from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores import DictStore, DiskStore, KVStore  # noqa: E402
 from kvmux.tier.scheduler.index import SharedStoreView  # noqa: E402
 from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan  # noqa: E402
-from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
+from kvmux.tier.worker.store_worker import StoreWorker  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "x"})
@@ -28,7 +28,7 @@ LAYOUTS = {"blocks_first": ((NUM_BLOCKS, 2, 4, 8), 0), "blocks_second": ((2, NUM
 KEYS = block_keys(NS, list(range(4 * 16)), 16)
 K1, K3, K_OTHER, K_UNKNOWN = KEYS
 
-MakeWorker = Callable[..., TierWorker]
+MakeWorker = Callable[..., StoreWorker]
 
 
 def _caches(layout: str, random: bool) -> dict[str, torch.Tensor]:
@@ -50,7 +50,7 @@ def layout(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def make_worker() -> Iterator[MakeWorker]:
-    workers: list[TierWorker] = []
+    workers: list[StoreWorker] = []
 
     def make(
         store: KVStore,
@@ -59,9 +59,9 @@ def make_worker() -> Iterator[MakeWorker]:
         rank: int = 0,
         stats: TierStats | None = None,
         save_queue: int | None = None,
-    ) -> TierWorker:
+    ) -> StoreWorker:
         stats = stats if stats is not None else TierStats()
-        worker = TierWorker(store, namespace, rank, stats, save_queue=save_queue)
+        worker = StoreWorker(store, namespace, rank, stats, save_queue=save_queue)
         if caches is not None:
             worker.register(caches, NUM_BLOCKS)
         workers.append(worker)
@@ -72,7 +72,7 @@ def make_worker() -> Iterator[MakeWorker]:
         worker.close()
 
 
-def _save(worker: TierWorker, *transfers: tuple[BlockKey, int]) -> None:
+def _save(worker: StoreWorker, *transfers: tuple[BlockKey, int]) -> None:
     worker.save(TierStepPlan(saves=[BlockTransfer(k, b) for k, b in transfers]))
     worker.flush()
 
@@ -448,7 +448,7 @@ def test_a_slow_store_never_makes_the_queue_outgrow_its_bound(make_worker: MakeW
     stats = TierStats()
     caches = _caches("blocks_first", random=True)
     block_bytes = 2 * 2 * 4 * 8 * 4  # two layers of (2, 4, 8) float32
-    worker = TierWorker(store, NS, 0, stats, save_queue=4 * block_bytes)
+    worker = StoreWorker(store, NS, 0, stats, save_queue=4 * block_bytes)
     worker.register(caches, NUM_BLOCKS)
     try:
         for plan in _steps(10, 2):
@@ -482,7 +482,7 @@ def test_peak_memory_under_a_save_heavy_workload_with_a_slow_store() -> None:
     caches = {f"layer.{i}": torch.randn(16, 16, 16, 256) for i in range(4)}  # 1 MiB a block
     store = GatedStore(1 << 30)
     stats = TierStats()
-    worker = TierWorker(store, NS, 0, stats, save_queue=bound)
+    worker = StoreWorker(store, NS, 0, stats, save_queue=bound)
     worker.register(caches, 16)
     before, peak = _rss_bytes(), 0
     try:
@@ -506,7 +506,7 @@ def test_signed_saves_load_and_unsigned_entries_do_not(make_worker: MakeWorker) 
     keys = SigningKeys.parse("k1:" + "5a" * 32)
     store = DictStore(1 << 20)
     source = _caches("blocks_first", random=True)
-    signer = TierWorker(store, NS, 0, TierStats(), signing=keys)
+    signer = StoreWorker(store, NS, 0, TierStats(), signing=keys)
     signer.register(source, NUM_BLOCKS)
     unsigned = make_worker(store, source)
     try:
@@ -514,7 +514,7 @@ def test_signed_saves_load_and_unsigned_entries_do_not(make_worker: MakeWorker) 
         signer.flush()
         _save(unsigned, (K3, 3))  # planted by a writer without the key
         stats = TierStats()
-        loader = TierWorker(store, NS, 0, stats, signing=keys)
+        loader = StoreWorker(store, NS, 0, stats, signing=keys)
         target = _caches("blocks_first", random=False)
         loader.register(target, NUM_BLOCKS)
         loader.load([BlockTransfer(K1, 4), BlockTransfer(K3, 5)])
@@ -535,10 +535,10 @@ def test_an_entry_that_did_not_verify_is_written_over_by_the_next_save() -> None
     other = SigningKeys.parse("k1:" + "a5" * 32)
     store = DictStore(1 << 20)
     source = _caches("blocks_first", random=True)
-    forger = TierWorker(store, NS, 0, TierStats(), signing=other)
+    forger = StoreWorker(store, NS, 0, TierStats(), signing=other)
     forger.register(source, NUM_BLOCKS)
     stats = TierStats()
-    worker = TierWorker(store, NS, 0, stats, signing=keys)
+    worker = StoreWorker(store, NS, 0, stats, signing=keys)
     worker.register(source, NUM_BLOCKS)
     try:
         _save(forger, (K1, 1), (K3, 2))
@@ -603,7 +603,7 @@ def test_saves_the_store_refused_are_reported_so_the_index_forgets_them(
 BLOCK_BYTES = 2 * 2 * 4 * 8 * 4  # a block of the two (2, 4, 8) float32 layers of _caches
 
 
-def _save_each(worker: TierWorker, plans: Iterable[TierStepPlan]) -> None:
+def _save_each(worker: StoreWorker, plans: Iterable[TierStepPlan]) -> None:
     """Save the plans one after the other, each written before the next."""
     for plan in plans:
         worker.save(plan)
@@ -635,7 +635,7 @@ def test_staging_slots_are_reused_and_each_save_keeps_its_own_bytes(
             assert torch.equal(_block(tensor, layout, 4), block)
 
 
-def _two_slot_worker(make_worker: MakeWorker, stats: TierStats) -> TierWorker:
+def _two_slot_worker(make_worker: MakeWorker, stats: TierStats) -> StoreWorker:
     caches = _caches("blocks_first", random=True)
     return make_worker(DictStore(1 << 20), caches, stats=stats, save_queue=2 * BLOCK_BYTES)
 
@@ -705,7 +705,7 @@ def test_an_unregistered_rank_joins_the_collective_with_every_load_failed(
     make_worker: MakeWorker,
 ) -> None:
     worker = make_worker(DictStore(1 << 20), _caches("blocks_first", random=True))
-    fresh = TierWorker(DictStore(1 << 20), namespace_id({"m": 1}), 0, TierStats())
+    fresh = StoreWorker(DictStore(1 << 20), namespace_id({"m": 1}), 0, TierStats())
     asked: list[list[bool]] = []
     for rank in (worker, fresh):
         rank.agree_with_ranks(lambda landed: asked.append(list(landed)) or list(landed))

@@ -13,7 +13,7 @@ from kvmux.keys import block_keys, group_key, namespace_id, store_key  # noqa: E
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores import DictStore, KVStore  # noqa: E402
 from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan  # noqa: E402
-from kvmux.tier.worker.store_worker import TierWorker  # noqa: E402
+from kvmux.tier.worker.store_worker import StoreWorker  # noqa: E402
 
 NUM_BLOCKS = 6
 NS = namespace_id({"m": "hybrid"})
@@ -39,23 +39,23 @@ def _shared_caches(random: bool) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture
-def workers() -> Iterator[list[TierWorker]]:
-    made: list[TierWorker] = []
+def workers() -> Iterator[list[StoreWorker]]:
+    made: list[StoreWorker] = []
     yield made
     for worker in made:
         worker.close()
 
 
 def _worker(
-    made: list[TierWorker], store: KVStore, caches: dict[str, torch.Tensor], **options: int
-) -> TierWorker:
-    worker = TierWorker(store, NS, 0, TierStats(), **options)
+    made: list[StoreWorker], store: KVStore, caches: dict[str, torch.Tensor], **options: int
+) -> StoreWorker:
+    worker = StoreWorker(store, NS, 0, TierStats(), **options)
     worker.register(caches, NUM_BLOCKS, GROUPS)
     made.append(worker)
     return worker
 
 
-def test_each_group_saves_and_loads_its_own_layers(workers: list[TierWorker]) -> None:
+def test_each_group_saves_and_loads_its_own_layers(workers: list[StoreWorker]) -> None:
     store = DictStore(1 << 20)
     source = _shared_caches(random=True)
     full, window = KEYS[0], group_key(KEYS[0], 1)
@@ -77,13 +77,13 @@ def test_each_group_saves_and_loads_its_own_layers(workers: list[TierWorker]) ->
     assert not target["full.0"][:4].any()
 
 
-def test_an_entry_loaded_as_another_group_is_a_load_error(workers: list[TierWorker]) -> None:
+def test_an_entry_loaded_as_another_group_is_a_load_error(workers: list[StoreWorker]) -> None:
     store = DictStore(1 << 20)
     source = {
         "full.0": torch.randn((NUM_BLOCKS, 2, 4, 8)),
         "window.0": torch.randn((NUM_BLOCKS, 1, 4, 8)),
     }
-    saver = TierWorker(store, NS, 0, TierStats())
+    saver = StoreWorker(store, NS, 0, TierStats())
     workers.append(saver)
     saver.register(source, NUM_BLOCKS, [["full.0"], ["window.0"]])
     saver.save(TierStepPlan(saves=[BlockTransfer(KEYS[1], 3, 1)]))
@@ -92,7 +92,7 @@ def test_an_entry_loaded_as_another_group_is_a_load_error(workers: list[TierWork
     assert saver.take_load_errors() == {4}
 
 
-def test_the_save_queue_counts_each_group_at_its_own_size(workers: list[TierWorker]) -> None:
+def test_the_save_queue_counts_each_group_at_its_own_size(workers: list[StoreWorker]) -> None:
     store = DictStore(1 << 20)
     caches = {
         "full.0": torch.randn((NUM_BLOCKS, 2, 4, 8)),
@@ -100,7 +100,7 @@ def test_the_save_queue_counts_each_group_at_its_own_size(workers: list[TierWork
     }
     full_bytes, window_bytes = 2 * 4 * 8 * 4, 1 * 4 * 8 * 4
     stats = TierStats()
-    worker = TierWorker(store, NS, 0, stats, save_queue=full_bytes + window_bytes)
+    worker = StoreWorker(store, NS, 0, stats, save_queue=full_bytes + window_bytes)
     workers.append(worker)
     worker.register(caches, NUM_BLOCKS, [["full.0"], ["window.0"]])
     saves = [BlockTransfer(KEYS[0], 1, 0), BlockTransfer(group_key(KEYS[0], 1), 2, 1)]

@@ -33,7 +33,7 @@ class RequestLoad:
     """One request's asynchronous load: it runs off the forward path while the request waits.
 
     The workers read and copy its blocks on loader threads and report the request once,
-    when every block is in place or failed (``TierWorker.finished_loads``).
+    when every block is in place or failed (``StoreWorker.finished_loads``).
     """
 
     req_id: str

@@ -2,6 +2,6 @@
 
 from kvmux.tier.worker.base import RankAgreement, WorkerBase
 from kvmux.tier.worker.slab_worker import SlabWorker
-from kvmux.tier.worker.store_worker import TierWorker
+from kvmux.tier.worker.store_worker import StoreWorker
 
-__all__ = ["RankAgreement", "SlabWorker", "TierWorker", "WorkerBase"]
+__all__ = ["RankAgreement", "SlabWorker", "StoreWorker", "WorkerBase"]

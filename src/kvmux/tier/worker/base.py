@@ -1,6 +1,6 @@
 """What every worker-side tier shares: a step's load bookkeeping and what a save must skip.
 
-``TierWorker`` (``tier/worker/store_worker.py``) moves blocks to and from a byte store;
+``StoreWorker`` (``tier/worker/store_worker.py``) moves blocks to and from a byte store;
 ``SlabWorker`` (``tier/worker/slab_worker.py``) to and from preallocated host slots.
 """
 

@@ -1,4 +1,6 @@
-"""Worker-side half of a tier: runs a step's loads and hands its saves to a writer thread.
+"""StoreWorker: moves entries between the KV cache and a byte store (disk, Redis).
+
+It runs a step's loads and hands its saves to a writer thread.
 
 Synchronous loads are copied in before the forward pass that reads them; asynchronous
 ones run on an ``AsyncLoader`` (``tier/worker/loader.py``) while the engine keeps stepping.
@@ -33,7 +35,7 @@ from kvmux.tier.worker.save_queue import SaveQueueSizing
 from kvmux.tier.worker.slab import HostSlab
 from kvmux.tier.worker.transfer import BlockMover, CopyStream, group_movers, on_this_device
 
-__all__ = ["FinishedLoads", "TierWorker"]
+__all__ = ["FinishedLoads", "StoreWorker"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,7 +60,7 @@ class _Copied:
         return self.staging.slot_parts(self.group, self.slot)
 
 
-class TierWorker(WorkerBase):
+class StoreWorker(WorkerBase):
     """Moves blocks between one byte store and the engine's KV cache for one rank."""
 
     def __init__(
