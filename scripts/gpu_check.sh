@@ -66,8 +66,9 @@ KVMUX_VLLM="${KVMUX_VLLM:-vllm==0.32.*}" KVMUX_WITH_REDIS=1 bash scripts/setup.s
 echo "kvmux gpu_check: the quick check"
 PYTHON=.venv/bin/python bash scripts/gpu_check.sh --quick --json bench-results/gpu/quick.json
 echo "kvmux gpu_check: copies between a GPU KV cache and host memory"
-.venv/bin/python -m pytest -q -rs tests/unit/tier/test_transfer.py tests/unit/tier/test_worker.py \
-  tests/unit/tier/test_slab.py tests/unit/tier/test_slab_worker.py tests/unit/tier/test_slab_streamed.py
+.venv/bin/python -m pytest -q -rs tests/unit/tier/worker/test_transfer.py tests/unit/tier/worker/test_store_worker.py \
+  tests/unit/tier/worker/test_slab.py tests/unit/tier/worker/test_slab_worker.py \
+  tests/unit/tier/worker/test_slab_streamed.py
 echo "kvmux gpu_check: engines on the GPU (fp32, eager: exact log-probabilities)"
 .venv/bin/python -m pytest -q -rs \
   tests/integration/vllm/test_store_connector.py \

@@ -9,7 +9,14 @@ from kvmux.keys import block_keys, group_key
 from kvmux.metrics import TierStats
 from kvmux.tier.scheduler.index import MirrorIndex
 from kvmux.tier.scheduler.scheduler import ScheduledRequest, TierScheduler
-from tests.unit.tier.test_scheduler import BS, ENTRY, NS, ForgetfulView, _prompt, _scheduler
+from tests.unit.tier.scheduler.test_scheduler import (
+    BS,
+    ENTRY,
+    NS,
+    ForgetfulView,
+    _prompt,
+    _scheduler,
+)
 
 PROMPT = _prompt(40, seed=1)  # two full blocks and 8 tokens
 REPLY = _prompt(60, seed=2)  # generated: the whole sequence ends at 100 tokens
