@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,14 +25,13 @@ from kvmux.config import (
     StoreSpec,
     parse_store_connector_config,
 )
-from kvmux.errors import UnkeyableInput
 from kvmux.keys import namespace_id
 from kvmux.metrics import GAUGES, TierStats
 from kvmux.mux.capabilities import Capabilities
 from kvmux.stores import KVStore, open_store
 from kvmux.tier.scheduler.index import MirrorIndex, RemoteStoreView, SharedStoreView, TierView
 from kvmux.tier.scheduler.plan import TierStepPlan
-from kvmux.tier.scheduler.scheduler import ScheduledRequest, TierScheduler
+from kvmux.tier.scheduler.scheduler import TierScheduler
 from kvmux.tier.worker.base import WorkerBase
 from kvmux.tier.worker.slab_worker import SlabWorker
 from kvmux.tier.worker.store_worker import StoreWorker
@@ -47,13 +44,14 @@ from kvmux.vllm.engine_config import (
     saves_copy_async,
     slab_slot_bytes,
 )
-from kvmux.vllm.events import TierEvents, events_enabled
+from kvmux.vllm.events import events_enabled
 from kvmux.vllm.logs import adopt_vllm_logging
-from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
+from kvmux.vllm.metadata import StoreConnectorMetadata
 from kvmux.vllm.prom import TierPromMetrics
 from kvmux.vllm.ranks import rank_agreement
-from kvmux.vllm.request_keys import block_extras, prompt_tokens, saves_generated
 from kvmux.vllm.stats import StoreConnectorStats
+from kvmux.vllm.store_connector_scheduler import StoreConnectorScheduler, tier_events
+from kvmux.vllm.store_connector_worker import StoreConnectorWorker
 
 # vLLM's prompt_tokens_by_source splits hits by these; a remote store is "external".
 _HIT_SOURCES = {MemorySpec: CacheHitSource.HOST, DiskSpec: CacheHitSource.DISK}
@@ -125,22 +123,19 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         metadata only; events come only where the engine publishes them; loads agree
         across tensor-parallel ranks where the worker does (both known once the worker
         adopted the KV cache)."""
+        work = getattr(self, "work", None)
+        sched = getattr(self, "sched", None)
         return Capabilities(
             offset_loads=True,
-            layer_loads=self._copies_by_layer(),
+            layer_loads=work is not None and work.worker.copies_by_layer,
             layer_saves=False,
             layer_work_by_step=True,
             output_needs_meta=True,
-            publishes_events=self._events is not None,
-            agrees_across_ranks=self._worker is not None and self._worker.agrees_with_ranks,
+            publishes_events=sched is not None and sched.events is not None,
+            agrees_across_ranks=work is not None and work.worker.agrees_with_ranks,
             names_load_blocks=True,
             drops_saves=True,
         )
-
-    def _copies_by_layer(self) -> bool:
-        """Whether wait_for_layer_load does work (the memory tier copying by layer)."""
-        worker = getattr(self, "_worker", None)
-        return worker is not None and worker.copies_by_layer
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -169,35 +164,50 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._block_size = block_size_of(kv_cache_config)
         self._last_stats: dict[str, float] = {}
         self._async_loads = loads_async(spec, len(self._windows))
-        self._async_errors: set[int] = set()  # blocks of finished async loads that failed
-        self._failed_loads: dict[str, int] = {}  # request -> first failed position, to report
-        self._generating: dict[str, Request] = {}  # requests whose generated blocks are saved
-        self._scheduler: TierScheduler | None = None
-        self._fence_saves = False  # the scheduler tells the workers when saved blocks are reused
-        self._worker: WorkerBase | None = None
-        self._view: TierView | None = None
-        self._events: TierEvents | None = None  # only when the engine publishes KV events
+        # the half of this role (vLLM's offloading connector's shape): the other is None
+        self.sched: StoreConnectorScheduler | None = None
+        self.work: StoreConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._view = self._scheduler_view(kv_cache_config)
-            if events_enabled(vllm_config):
-                self._events = _tier_events(spec, self._block_size, kv_cache_config, self._view)
-            self._fence_saves = saves_copy_async()
-            self._scheduler = TierScheduler(
-                self._view,
-                self._block_size,
-                self._namespace,
-                self.stats,
-                self._windows,
-                self._async_loads,
-                record_saves=self._events is not None,
-                fence_saves=self._fence_saves,
-            )
+            self.sched = self._build_scheduler(vllm_config, kv_cache_config)
             prefer_recompute(self._kv_transfer_config, self.config.fail_on_load_error)
-        elif isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/worker/slab.py
-            slots = spec.capacity // slab_slot_bytes(kv_cache_config)
-            self._worker = self.open_slab_worker(spec, slots)
         else:
-            self._worker = StoreWorker(
+            self.work = StoreConnectorWorker(
+                self._build_worker(vllm_config, kv_cache_config), len(self._windows)
+            )
+        log.info(
+            "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
+        )
+
+    def _build_scheduler(
+        self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+    ) -> StoreConnectorScheduler:
+        spec = self.config.store
+        view = self._scheduler_view(kv_cache_config)
+        events = None
+        if events_enabled(vllm_config):
+            events = tier_events(spec, self._block_size, kv_cache_config, view)
+        fence_saves = saves_copy_async()
+        scheduler = TierScheduler(
+            view,
+            self._block_size,
+            self._namespace,
+            self.stats,
+            self._windows,
+            self._async_loads,
+            record_saves=events is not None,
+            fence_saves=fence_saves,
+        )
+        return StoreConnectorScheduler(
+            spec, scheduler, view, events, self.stats, self._block_size, fence_saves
+        )
+
+    def _build_worker(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> WorkerBase:
+        spec = self.config.store
+        worker: WorkerBase
+        if isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/worker/slab.py
+            worker = self.open_slab_worker(spec, spec.capacity // slab_slot_bytes(kv_cache_config))
+        else:
+            worker = StoreWorker(
                 self.open_store(spec),
                 self._namespace,
                 _worker_rank(),
@@ -205,12 +215,10 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
                 save_queue_sizing(vllm_config, spec.save_queue, self._block_size),
                 spec.signing,
             )
-        agreement = rank_agreement(vllm_config) if self._worker is not None else None
-        if agreement is not None and self._worker is not None:
-            self._worker.agree_with_ranks(agreement)
-        log.info(
-            "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
-        )
+        agreement = rank_agreement(vllm_config)
+        if agreement is not None:
+            worker.agree_with_ranks(agreement)
+        return worker
 
     def _scheduler_view(self, kv_cache_config: KVCacheConfig) -> TierView:
         spec = self.config.store
@@ -230,25 +238,14 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         """The store this connector's half uses (a subclass may wrap it, e.g. in tests)."""
         return open_store(spec)
 
-    # -- scheduler side --------------------------------------------------------
+    # -- scheduler side: StoreConnectorScheduler ------------------------------------
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """Tokens past ``num_computed_tokens`` that the tier holds; whether they load async."""
-        assert self._scheduler is not None
-        if self._events is not None:
-            self._events.watch(request)
-        try:
-            extras = block_extras(request, self._block_size)
-        except UnkeyableInput as exc:  # never stored under a key it might share
-            self.stats.add(unkeyable_requests=1)
-            log.warning("kvmux tier %s: request not cached: %s", self.tier_name, exc)
-            return 0, False
-        prompt = prompt_tokens(request)
-        hit = self._scheduler.lookup(request.request_id, prompt, extras, num_computed_tokens)
-        if saves_generated(request, not self.config.store.offload_prompt_only):
-            self._generating[request.request_id] = request
+        assert self.sched is not None
+        hit = self.sched.lookup(request, num_computed_tokens)
         return hit, bool(hit) and self._async_loads
 
     def may_load_async(self, request: Request) -> bool:
@@ -262,42 +259,18 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
         After an asynchronous load vLLM calls this again, with no external tokens.
         """
-        assert self._scheduler is not None
-        block_ids = blocks.get_block_ids() if num_external_tokens > 0 else ()
-        self._scheduler.on_alloc(request.request_id, block_ids, num_external_tokens)
+        assert self.sched is not None
+        self.sched.after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """This step's loads, saves and evictions."""
-        assert self._scheduler is not None
-        scheduled = map(self._with_tokens, _scheduled(scheduler_output))
-        allocated = _allocated(scheduler_output) if self._fence_saves else ()
-        plan = self._scheduler.build(scheduled, allocated)
-        plan.idle = getattr(scheduler_output, "total_num_scheduled_tokens", None) == 0
-        if self._events is not None:
-            self._events.removed(plan.evictions)
-            self._events.stored(self._scheduler.take_saved())
-        return StoreConnectorMetadata(plan)
-
-    def _with_tokens(self, scheduled: ScheduledRequest) -> ScheduledRequest:
-        """``scheduled`` with its token ids so far, if its generated blocks are saved too."""
-        request = self._generating.get(scheduled.req_id)
-        if request is None:
-            return scheduled
-        extras = partial(block_extras, request, self._block_size)
-        return dataclasses.replace(scheduled, tokens=request.all_token_ids, extras=extras)
+        assert self.sched is not None
+        return StoreConnectorMetadata(self.sched.build_plan(scheduler_output))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Forget keys the workers could not load; never offer a failed load again."""
-        assert self._scheduler is not None
-        meta = connector_output.kv_connector_worker_meta
-        if not isinstance(meta, StoreWorkerMetadata):
-            return
-        if meta.missing:
-            self._scheduler.forget(meta.missing)
-            if self._events is not None:
-                self._events.removed(meta.missing)
-        for req_id, position in meta.failed_loads.items():
-            self._scheduler.failed_load(req_id, position)
+        assert self.sched is not None
+        self.sched.update_output(connector_output)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -307,11 +280,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         A request aborted while its asynchronous load runs: vLLM itself holds its blocks
         until the workers report the load finished, which they do once, load stopped.
         """
-        assert self._scheduler is not None
-        self._scheduler.finish(request.request_id)
-        self._generating.pop(request.request_id, None)
-        if self._events is not None:
-            self._events.finish(request.request_id)
+        assert self.sched is not None
+        self.sched.finished(request)
         return False, None
 
     def request_finished_all_groups(
@@ -322,20 +292,19 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         """The tier's KV cache events since the last call (none unless the engine publishes)."""
-        return self._events.take() if self._events is not None else ()
+        return self.sched.take_events() if self.sched is not None else ()
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         """A load restores every group's blocks of the hit (each group's window, if any)."""
         return tuple(range(len(self._windows)))
 
-    # -- worker side -------------------------------------------------------------
+    # -- worker side: StoreConnectorWorker ------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Adopt the engine's KV cache tensors."""
-        assert self._worker is not None
-        groups = self._kv_cache_config.kv_cache_groups
-        layers = [list(g.layer_names) for g in groups] if len(groups) > 1 else None
-        self._worker.register(kv_caches, self._kv_cache_config.num_blocks, layers)
+        assert self.work is not None
+        config = self._kv_cache_config
+        self.work.register(kv_caches, config.num_blocks, config.kv_cache_groups)
 
     def _plan(self) -> TierStepPlan | None:
         if not KVConnectorBase_V1.has_connector_metadata(self):
@@ -348,28 +317,25 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         is about to overwrite (a GPU's; ``tier/fences.py``). Also past an open breaker
         of a parent: a parent binds every child, cut off or not."""
         super().bind_connector_metadata(connector_metadata)
-        if self._worker is not None and isinstance(connector_metadata, StoreConnectorMetadata):
-            self._worker.fence(connector_metadata.plan)
+        if self.work is not None and isinstance(connector_metadata, StoreConnectorMetadata):
+            self.work.worker.fence(connector_metadata.plan)
 
     def has_connector_metadata(self) -> bool:
         """Whether this step has per-layer work: vLLM asks before every attention layer
         and calls ``wait_for_layer_load`` and ``save_kv_layer`` only if so. Only a memory
         tier copying a step's loads layer by layer has any."""
-        plan = self._plan()
-        return plan is not None and bool(plan.loads) and self._copies_by_layer()
+        return self.work is not None and self.work.has_layer_work(self._plan())
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Load the synchronous loads' blocks now; start the asynchronous loads."""
-        plan = self._plan()
-        if plan is not None and self._worker is not None:
-            self._worker.load(plan.loads)
-            self._worker.start_loads(plan.async_loads, plan.idle)
+        if self.work is not None:
+            self.work.start(self._plan())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Wait for the layer's share of this step's load (the memory tier may copy loads
         layer by layer beside the forward pass; other tiers copy them in ``start_load_kv``)."""
-        if self._worker is not None:
-            self._worker.wait_layer(layer_name)
+        if self.work is not None:
+            self.work.worker.wait_layer(layer_name)
 
     def save_kv_layer(
         self,
@@ -382,18 +348,14 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         """Settle this step's layer copies; copy its full blocks out (stored off the path)."""
-        if self._worker is None:
-            return
-        self._worker.finish_layers()
-        plan = self._plan()
-        if plan is not None:
-            self._worker.save(plan)
+        if self.work is not None:
+            self.work.save(self._plan())
 
     def mux_join_agreement(self, meta: KVConnectorMetadata) -> None:
         """This rank leaves the step's loads out (a MuxConnector's breaker or a failed
         bind, rank-local): join the other ranks' collective, every load failed."""
-        if self._worker is not None and isinstance(meta, StoreConnectorMetadata):
-            self._worker.join_agreement(meta.plan.loads)
+        if self.work is not None and isinstance(meta, StoreConnectorMetadata):
+            self.work.worker.join_agreement(meta.plan.loads)
 
     @staticmethod
     def mux_load_blocks(meta: KVConnectorMetadata) -> list[int]:
@@ -406,8 +368,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def mux_drop_saves_over(self, block_ids: set[int]) -> None:
         """Blocks a sibling failed to load this step: save nothing computed over them."""
-        if self._worker is not None:
-            self._worker.drop_saves_over(block_ids)
+        if self.work is not None:
+            self.work.worker.drop_saves_over(block_ids)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Requests whose asynchronous load ended, each once; failed ones with several groups.
@@ -417,32 +379,18 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         blocks (``get_block_ids_with_load_errors``, in this same step), so vLLM keeps the
         prefix below them; with several groups vLLM takes failures per request only.
         """
-        if self._worker is None:
+        if self.work is None:
             return KVConnectorTransferResults()
-        plan = self._plan()
-        done = self._worker.finished_loads(finished_req_ids, plan is not None and plan.idle)
-        self._failed_loads.update(done.failed)
-        failed: set[str] = set()
-        if len(self._windows) > 1:
-            failed = set(done.failed)
-        else:
-            self._async_errors |= done.failed_blocks
-        return KVConnectorTransferResults(finished_recving=done.finished, failed_recving=failed)
+        finished, failed = self.work.transfer_results(finished_req_ids, self._plan())
+        return KVConnectorTransferResults(finished_recving=finished, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks promised but missing or corrupt: the engine recomputes them."""
-        if self._worker is None:
-            return set()
-        errors, self._async_errors = self._async_errors, set()
-        return errors | self._worker.take_load_errors()
+        return set() if self.work is None else self.work.load_errors()
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         """Report keys that could not be loaded, and where loads failed, to the scheduler."""
-        if self._worker is None:
-            return None
-        missing = self._worker.take_missing()
-        failed, self._failed_loads = self._failed_loads, {}
-        return StoreWorkerMetadata(missing, failed) if missing or failed else None
+        return None if self.work is None else self.work.worker_meta()
 
     def get_kv_connector_stats(self) -> StoreConnectorStats | None:
         """This half's counters since the last call (vLLM adds up both halves)."""
@@ -496,10 +444,10 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def shutdown(self) -> None:
         """Write out queued saves and close the store (or the scheduler's view of it)."""
-        if self._worker is not None:
-            self._worker.close()
-        if self._view is not None:
-            self._view.close()
+        if self.work is not None:
+            self.work.worker.close()
+        if self.sched is not None:
+            self.sched.close()
 
     def reset_cache(self) -> bool | None:
         """Move the tier to a new generation: nothing stored before is served after.
@@ -508,47 +456,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         e.g. after a weight update). A shared tier's generation lives in the tier, so
         every engine using it moves too. False when the tier could not be reached.
         """
-        if self._scheduler is not None:
-            reset = self._scheduler.reset()
-            if reset and self._events is not None:
-                self._events.cleared()
-            return reset
-        if self._worker is not None:
-            self._worker.clear()
+        if self.sched is not None:
+            return self.sched.reset()
+        if self.work is not None:
+            self.work.worker.clear()
         return True
-
-
-def _tier_events(
-    spec: StoreSpec, block_size: int, kv_cache_config: KVCacheConfig, view: TierView
-) -> TierEvents:
-    """The tier's KV events; the memory tier remembers every block it may evict."""
-    hash_block_size = getattr(kv_cache_config, "hash_block_size", None)
-    if isinstance(view, MirrorIndex):
-        return TierEvents(spec, block_size, hash_block_size, max(1, view.max_entries))
-    return TierEvents(spec, block_size, hash_block_size)
-
-
-def _allocated(scheduler_output: SchedulerOutput) -> list[int]:
-    """Blocks given to requests in this step: every block of a new request, the new blocks
-    of the others (all of a resumed request's)."""
-    found = [b for new in scheduler_output.scheduled_new_reqs for ids in new.block_ids for b in ids]
-    for blocks in scheduler_output.scheduled_cached_reqs.new_block_ids:
-        if blocks:
-            found.extend(b for ids in blocks for b in ids)
-    return found
-
-
-def _scheduled(scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:
-    """The requests of a step with their blocks, as the tier scheduler needs them."""
-    computed = {
-        new.req_id: int(new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs
-    }
-    cached = scheduler_output.scheduled_cached_reqs
-    computed.update(zip(cached.req_ids, map(int, cached.num_computed_tokens), strict=True))
-    state = scheduler_output.kv_connector_block_state
-    scheduled = []
-    for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-        block_ids = state.get_block_ids(req_id) if state is not None else None
-        if block_ids and req_id in computed:
-            scheduled.append(ScheduledRequest(req_id, computed[req_id], num_tokens, block_ids))
-    return scheduled

@@ -49,4 +49,5 @@ def test_the_request_overrides_the_tier(
 ) -> None:
     connector = scheduler(store)
     assert _decode(connector, params) == _all_keys(connector)[:blocks]
-    assert connector._generating == {}  # forgotten once finished
+    assert connector.sched is not None
+    assert connector.sched._generating == {}  # forgotten once finished

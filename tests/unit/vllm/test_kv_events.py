@@ -205,8 +205,8 @@ def test_nothing_is_recorded_unless_events_are_enabled(model_dir: str) -> None:
     connector = scheduler.connector
     assert isinstance(connector, StoreConnector)
     assert list(connector.take_events()) == []
-    assert connector._events is None
-    assert connector._scheduler is not None and connector._scheduler.take_saved() == []
+    assert connector.sched is not None and connector.sched.events is None
+    assert connector.sched.scheduler.take_saved() == []
 
 
 def test_several_tiers_under_a_mux_each_announce_with_their_medium(

@@ -484,9 +484,9 @@ def test_binding_a_plan_fences_the_forward_pass_before_anything_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     connector = worker(monkeypatch, MEMORY, None)
-    assert connector._worker is not None
+    assert connector.work is not None
     fenced: list[TierStepPlan] = []
-    monkeypatch.setattr(connector._worker, "fence", fenced.append)
+    monkeypatch.setattr(connector.work.worker, "fence", fenced.append)
     plan = TierStepPlan(step=7, fence=5)
     connector.bind_connector_metadata(StoreConnectorMetadata(plan))
     assert fenced == [plan]
@@ -513,8 +513,9 @@ def test_per_layer_calls_only_for_a_step_loading_layer_by_layer(
     monkeypatch: pytest.MonkeyPatch, by_layer: bool, loads: bool, expected: bool
 ) -> None:
     connector = worker(monkeypatch, MEMORY, None)
-    assert connector._worker is not None
-    monkeypatch.setattr(type(connector._worker), "copies_by_layer", property(lambda _: by_layer))
+    assert connector.work is not None
+    by_layer_property = property(lambda _: by_layer)
+    monkeypatch.setattr(type(connector.work.worker), "copies_by_layer", by_layer_property)
     key = block_keys(namespace_id({"unit": 1}), list(range(BLOCK)), BLOCK)[0]
     plan = TierStepPlan(loads=[BlockTransfer(key, 1, 0)] if loads else [])
     assert not connector.has_connector_metadata()  # nothing bound
