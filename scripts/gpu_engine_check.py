@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import build_random_llama
 
 PROMPT = [(7 * i + 3) % 1000 + 1 for i in range(1029)]  # 64 blocks of 16 tokens, and 5
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import build_random_llama
 
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.runner import RESULT_MARK, sampled_logprobs
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.runner import RESULT_MARK, sampled_logprobs
 
 __all__ = [
     "IMAGE_SIDE",

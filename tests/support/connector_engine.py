@@ -1,7 +1,7 @@
 """Run one vLLM engine through a job, with steps that look at its connectors; print JSON.
 
 Run by ``run_connector_job`` in a fresh process (vLLM spawns processes: this module is a
-script, guarded by ``__main__``). The job is ``kvmux.tools.runner``'s (``model``,
+script, guarded by ``__main__``). The job is ``kvmux.testing.runner``'s (``model``,
 ``engine``, ``kv``, ``steps``); its steps:
 
     {"op": "generate", "prompts": [[ids...]], "max_tokens": n}    greedy, token ids only
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.runner import RESULT_MARK
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.runner import RESULT_MARK
 
 __all__ = ["run_connector_job"]
 

@@ -1,23 +1,35 @@
 """Real server processes for the tests: standalone, TLS + ACL, and a 3-master cluster.
 
 Each starts ``redis-server`` unless given another program: ``valkey-server`` (Valkey, the
-Redis fork the Redis tier also serves) runs the same configurations, except TLS.
+Redis fork the Redis tier also serves) runs the same configurations, except TLS. The
+server itself is ``kvmux.testing.redis_server``'s, which the benchmarks start too.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from kvmux.testing.redis_server import REDIS_CLI, REDIS_SERVER, RedisServer, TlsFiles, free_port
+
+__all__ = [
+    "REDIS_CLI",
+    "REDIS_SERVER",
+    "RedisCluster",
+    "RedisServer",
+    "TlsFiles",
+    "find_program",
+    "free_port",
+    "make_tls_files",
+    "valkey_or_skip",
+]
 
 
 def find_program(name: str) -> str | None:
@@ -26,8 +38,6 @@ def find_program(name: str) -> str | None:
     return shutil.which(name) or (str(beside) if os.access(beside, os.X_OK) else None)
 
 
-REDIS_SERVER = shutil.which("redis-server") or "redis-server"
-REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
 VALKEY_SERVER = find_program("valkey-server")
 VALKEY_MISSING = (
     "valkey-server is not installed: KVMUX_WITH_REDIS=1 bash scripts/setup.sh installs it "
@@ -42,42 +52,6 @@ def valkey_or_skip() -> str:
     if os.environ.get("CI", "").lower() in ("1", "true"):
         pytest.fail(VALKEY_MISSING)
     pytest.skip(VALKEY_MISSING)
-
-
-def free_port() -> int:
-    """A free TCP port on loopback, low enough for the cluster bus (port + 10000)."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 45000)
-        with socket.socket() as bus, socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port pair found")
-
-
-def _wait_for_port(port: int, program: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"{Path(program).name} did not open port {port}")
-
-
-@dataclass
-class TlsFiles:
-    """A throwaway CA with a server and a client certificate."""
-
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
 
 
 def make_tls_files(folder: Path) -> TlsFiles:
@@ -149,76 +123,6 @@ def make_tls_files(folder: Path) -> TlsFiles:
         client_cert=folder / "client.pem",
         client_key=write_key(client_key, folder / "client.key"),
     )
-
-
-class RedisServer:
-    """One redis-server (or ``program``: valkey-server) on a free loopback port, in its own dir."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        extra: list[str] | None = None,
-        tls: TlsFiles | None = None,
-        conf_lines: list[str] | None = None,
-        program: str = REDIS_SERVER,
-    ):
-        self.workdir = workdir
-        self.program = program
-        self.conf_lines = list(conf_lines or [])
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.extra = list(extra or [])
-        self.tls = tls
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """The URL kvmux connects to."""
-        scheme = "rediss" if self.tls else "redis"
-        return f"{scheme}://127.0.0.1:{self.port}/0"
-
-    def _argv(self) -> list[str]:
-        argv = [self.program]
-        if self.conf_lines:  # directives such as ACL users are easiest in a file
-            conf = self.workdir / "redis.conf"
-            conf.write_text("\n".join(self.conf_lines) + "\n")
-            argv.append(str(conf))
-        argv += ["--bind", "127.0.0.1", "--dir", str(self.workdir)]
-        argv += ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
-        if self.tls:
-            argv += ["--port", "0", "--tls-port", str(self.port)]
-            argv += ["--tls-cert-file", str(self.tls.server_cert)]
-            argv += ["--tls-key-file", str(self.tls.server_key)]
-            argv += ["--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "optional"]
-        else:
-            argv += ["--port", str(self.port)]
-        return argv + self.extra
-
-    def start(self) -> RedisServer:
-        """Start (or restart, empty) the server and wait until it listens."""
-        with open(self.workdir / "redis.log", "ab") as log:
-            self.proc = subprocess.Popen(self._argv(), stdout=log, stderr=subprocess.STDOUT)
-        _wait_for_port(self.port, self.program)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL the server, as a crash would."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    def cli(self, *args: str, auth: tuple[str, str] | None = None) -> str:
-        """Run redis-cli against this server."""
-        argv = [REDIS_CLI, "-h", "127.0.0.1", "-p", str(self.port)]
-        if auth:
-            argv += ["--user", auth[0], "--pass", auth[1], "--no-auth-warning"]
-        if self.tls:
-            argv += ["--tls", "--cacert", str(self.tls.ca)]
-            argv += ["--cert", str(self.tls.client_cert), "--key", str(self.tls.client_key)]
-        return subprocess.run(
-            [*argv, *args], capture_output=True, text=True, check=True, timeout=30
-        ).stdout
 
 
 class RedisCluster:

@@ -1,7 +1,7 @@
 """Run a scripted engine that moves its weights while requests run and wait; print JSON.
 
 Run by ``run_scripted_job`` in a fresh process. The job is
-``kvmux.tools.runner``'s; besides its steps it knows:
+``kvmux.testing.runner``'s; besides its steps it knows:
 
     {"op": "perturb", "scale": s}     multiply every weight by ``s`` (a weight update)
     {"op": "update_midway", "prompts": [[ids...]], "max_tokens": n, "steps_before": k,
@@ -24,8 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools import runner
-from kvmux.tools.engine import run_engine_job
+from kvmux.testing import runner
+from kvmux.testing.engine import run_engine_job
 
 __all__ = ["perturb_weights", "run_scripted_job"]
 
@@ -39,7 +39,7 @@ def run_scripted_job(
     steps: list[dict[str, Any]],
     env: dict[str, str],
 ) -> dict[str, Any]:
-    """Run ``steps`` (this module's and ``kvmux.tools.runner``'s) on a fresh engine."""
+    """Run ``steps`` (this module's and ``kvmux.testing.runner``'s) on a fresh engine."""
     job = {"model": model, "engine": engine, "kv": kv, "steps": steps}
     return run_engine_job(job, env=env, module="tests.support.weight_update_engine", cwd=REPO)
 
@@ -126,7 +126,7 @@ def _namespace(llm: Any) -> dict[str, Any]:
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:
-    """Run the job: this module's steps here, every other step by ``kvmux.tools.runner``."""
+    """Run the job: this module's steps here, every other step by ``kvmux.testing.runner``."""
     llm = runner.make_llm(job)
     steps: list[dict[str, Any]] = []
     for step in job.get("steps", []):

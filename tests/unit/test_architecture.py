@@ -16,7 +16,7 @@ import kvmux
 
 ROOT = Path(kvmux.__file__).parent
 TOP_LEVEL = {"__init__", "cli", "codec", "config", "errors", "keys", "metrics"}
-PACKAGES = {"mux", "policies", "stores", "tier", "tools", "vllm"}
+PACKAGES = {"mux", "policies", "stores", "testing", "tier", "tools", "vllm"}
 TIER = {"__init__", "fences", "scheduler", "worker"}  # fences: both sides of one protocol
 # The same role, the same name: each repeated basename, and the packages holding it.
 ROLE_HOMES = {
@@ -25,7 +25,7 @@ ROLE_HOMES = {
     "worker": ["kvmux.mux", "kvmux.tier"],  # tier's is the package tier/worker/
     "base": ["kvmux.stores", "kvmux.tier.worker"],  # what the package's kinds derive from
 }
-TORCH_ALLOWED = ("kvmux.tier.worker", "kvmux.vllm", "kvmux.tools")  # packages
+TORCH_ALLOWED = ("kvmux.tier.worker", "kvmux.vllm", "kvmux.testing", "kvmux.tools")  # packages
 SCHEDULER_SIDE = "kvmux.tier.scheduler"
 NEVER_ON_THE_SCHEDULER_SIDE = ("torch", "kvmux.tier.worker")
 
@@ -64,7 +64,7 @@ def _in(name: str, packages: tuple[str, ...]) -> bool:
 
 
 def _is_tooling(name: str) -> bool:
-    return name.startswith("kvmux.tools") or name == "kvmux.cli"
+    return name.startswith(("kvmux.tools", "kvmux.testing")) or name == "kvmux.cli"
 
 
 def test_top_level_holds_only_shared_vocabulary_and_the_cli() -> None:
@@ -79,12 +79,14 @@ def test_tier_splits_into_its_scheduler_and_worker_sides() -> None:
 
 
 def test_only_the_adapter_and_the_tools_import_vllm() -> None:
-    outside = {m for m in _importers("vllm") if not m.startswith(("kvmux.vllm", "kvmux.tools"))}
+    allowed = ("kvmux.vllm", "kvmux.testing", "kvmux.tools")
+    outside = {m for m in _importers("vllm") if not m.startswith(allowed)}
     assert outside == set()
 
 
 def test_the_library_never_imports_the_tools() -> None:
     assert {m for m in _importers("kvmux.tools") if not _is_tooling(m)} == set()
+    assert {m for m in _importers("kvmux.testing") if not _is_tooling(m)} == set()
 
 
 def test_torch_stays_on_the_worker_side() -> None:

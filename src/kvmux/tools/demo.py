@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import MODEL_SIZES, build_random_llama
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import MODEL_SIZES, build_random_llama
 
 __all__ = ["REQUESTS_PER_ROW", "DemoRow", "demo_prompts", "format_table", "run_demo"]
 

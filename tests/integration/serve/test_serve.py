@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.models import build_random_llama
-from kvmux.tools.tokenizer import build_tokenizer
+from kvmux.testing.models import build_random_llama
+from kvmux.testing.tokenizer import build_tokenizer
 from tests.support.vllm_server import vllm_server
 
 pytestmark = pytest.mark.vllm

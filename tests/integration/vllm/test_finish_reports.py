@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.engine import EngineRunError
+from kvmux.testing.engine import EngineRunError
 from tests.integration.conftest import generate, make_prompt, results
 
 pytestmark = pytest.mark.vllm

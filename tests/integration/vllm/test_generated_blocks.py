@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.engine import run_engine_job
+from kvmux.testing.engine import run_engine_job
 from tests.integration.conftest import BASE_ENGINE, ENGINE_ENV, make_prompt, store_kv
 from tests.integration.vllm.test_mux_connector import mux
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from kvmux import codec
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import build_random_hybrid
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import build_random_hybrid
 from tests.integration.conftest import (
     BASE_ENGINE,
     ENGINE_ENV,

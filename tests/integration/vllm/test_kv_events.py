@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.engine import run_engine_job
+from kvmux.testing.engine import run_engine_job
 from tests.integration.conftest import BASE_ENGINE, ENGINE_ENV, generate, make_prompt, results
 
 pytestmark = pytest.mark.vllm

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import build_random_llama
 from tests.integration.conftest import ENGINE_ENV, generate, make_prompt, results, store_kv
 from tests.support.redis_server import RedisServer
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import build_random_llama
 from tests.integration.conftest import (
     BASE_ENGINE,
     ENGINE_ENV,

@@ -216,7 +216,7 @@ def test_async_disk_loads_in_the_multi_process_layout_with_an_abort_while_loadin
 
 
 def test_bad_config_is_one_clear_error_at_start(run_job) -> None:
-    from kvmux.tools.engine import EngineRunError
+    from kvmux.testing.engine import EngineRunError
 
     accepted = (
         r"accepted: async_loads, capacity, epoch, name, offload_prompt_only, "

@@ -28,8 +28,8 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvmux.keys import BlockKey
+from kvmux.testing.models import build_random_llama
 from kvmux.tier.scheduler.plan import RequestLoad
-from kvmux.tools.models import build_random_llama
 from kvmux.vllm import StoreConnector
 from kvmux.vllm.metadata import StoreConnectorMetadata, StoreWorkerMetadata
 from tests.support.vllm_config import create_scheduler, create_vllm_config

@@ -29,8 +29,8 @@ from vllm.v1.request import Request
 
 from kvmux.config import parse_store_connector_config
 from kvmux.keys import BlockKey
+from kvmux.testing.models import build_random_llama
 from kvmux.tier.scheduler.plan import SavedBlock
-from kvmux.tools.models import build_random_llama
 from kvmux.vllm import MuxConnector, StoreConnector
 from kvmux.vllm import events as events_module
 from kvmux.vllm.events import TierEvents, medium_of

@@ -39,7 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnec
 from vllm.v1.outputs import KVConnectorOutput
 
 from kvmux.errors import ConfigError
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.models import build_random_llama
 from kvmux.vllm import MuxConnector
 from kvmux.vllm.metadata import MuxWorkerMetadata
 from kvmux.vllm.stats import MuxConnectorStats

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvmux.tools.runner import job_main, make_llm, sampled_logprobs
+from kvmux.testing.runner import job_main, make_llm, sampled_logprobs
 
 __all__ = ["run"]
 

@@ -7,7 +7,7 @@ One engine per configuration, in vLLM's default multi-process layout (the saving
 takes the saving workload's batches (``noreuse_*`` of the full plan: 16 distinct
 1024-token prompts, 32 tokens generated each), one after an unmeasured one, each followed
 by a pause in which its background writes end. Around each batch and its pause the CPU
-seconds of every role are taken (``kvmux.tools.cpu_times``): the forward pass (vLLM's
+seconds of every role are taken (``kvmux.testing.cpu_times``): the forward pass (vLLM's
 worker process), kvmux's helper threads, the engine core, the front end and the
 benchmark's redis-server (full and evicting, as ``kvmux bench`` starts it, unless
 ``--empty-redis``). Prints the medians over the batches, and writes them as JSON
@@ -32,7 +32,7 @@ from kvmux.tools.bench.host_memory import disk_writes as disk_writes_of
 from kvmux.tools.bench.profiles import ENTRY_BYTES, FULL, BenchPlan
 from kvmux.tools.bench.redis_proc import RedisProcess
 from kvmux.tools.bench.saving import saving_batch
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.models import build_random_llama
 
 __all__ = ["batch_steps", "main", "split_rows"]
 

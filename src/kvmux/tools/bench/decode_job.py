@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvmux.tools.runner import job_main, make_llm
+from kvmux.testing.runner import job_main, make_llm
 
 __all__ = ["run"]
 

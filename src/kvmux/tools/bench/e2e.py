@@ -19,8 +19,8 @@ from kvmux.tools.bench.configs import DISK_CONFIGS, disk_tier, kv_config
 from kvmux.tools.bench.disk_fill import forget_disk
 from kvmux.tools.bench.page_cache import evict_page_cache, page_cache_state
 from kvmux.tools.bench.profiles import BenchPlan
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import MODEL_SIZES
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import MODEL_SIZES
 
 __all__ = [
     "LoadingShape",

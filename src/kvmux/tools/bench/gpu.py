@@ -21,7 +21,7 @@ from typing import Any
 
 from kvmux.tools.bench.e2e import Runner, long_prompts
 from kvmux.tools.bench.profiles import FULL
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.models import build_random_llama
 
 __all__ = ["format_table", "main", "measure"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvmux.tools.bench.configs import MEMORY
 from kvmux.tools.bench.e2e import Runner
-from kvmux.tools.engine import run_engine_job
+from kvmux.testing.engine import run_engine_job
 
 __all__ = ["CHAT_JOB", "MODES", "chat_rows", "multi_turn"]
 

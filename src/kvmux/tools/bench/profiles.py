@@ -13,7 +13,7 @@ ENTRY_BYTES = 8 * 262144  # one 128-token block of the benchmark model, all laye
 class BenchPlan:
     """Sizes of one run; the quick run is a smaller copy of the full one."""
 
-    model_size: str  # kvmux.tools.models.MODEL_SIZES key
+    model_size: str  # kvmux.testing.models.MODEL_SIZES key
     dtype: str
     lengths: tuple[int, ...]  # workload (a): one long prompt of each length
     engine_blocks: int  # the engine's own KV cache, in blocks, for workloads (b) and (c)

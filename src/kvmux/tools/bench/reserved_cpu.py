@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kvmux.tools.bench.configs import MEMORY
-from kvmux.tools.engine import run_engine_job
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.engine import run_engine_job
+from kvmux.testing.models import build_random_llama
 
 __all__ = ["CASES", "format_table", "main", "measure"]
 

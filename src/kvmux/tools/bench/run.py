@@ -25,7 +25,7 @@ from kvmux.tools.bench.redis_proc import RedisProcess
 from kvmux.tools.bench.report import machine_info, write_report
 from kvmux.tools.bench.saving import LAYOUTS, SAVING_CONFIGS, saving_rounds
 from kvmux.tools.bench.warm import WARM_CONFIGS, warm_rounds
-from kvmux.tools.models import build_random_llama
+from kvmux.testing.models import build_random_llama
 
 __all__ = ["run_bench"]
 

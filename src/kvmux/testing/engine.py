@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmux.errors import KvmuxError
-from kvmux.tools.runner import RESULT_MARK
+from kvmux.testing.runner import RESULT_MARK
 
 __all__ = ["EngineRunError", "run_engine_job"]
 
@@ -29,10 +29,10 @@ def run_engine_job(
     env: dict[str, str] | None = None,
     timeout: float = 900,
     python: str | None = None,
-    module: str = "kvmux.tools.runner",
+    module: str = "kvmux.testing.runner",
     cwd: Path | None = None,
 ) -> dict[str, Any]:
-    """Run ``job`` (see ``kvmux.tools.runner``) in a fresh process; return its result.
+    """Run ``job`` (see ``kvmux.testing.runner``) in a fresh process; return its result.
 
     ``module`` is the script run with ``python -m``: any that prints its result after
     ``RESULT_MARK`` on a line of its own.

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kvmux.tools.cpu_times import cpu_seconds, process_tree, role_of
+from kvmux.testing.cpu_times import cpu_seconds, process_tree, role_of
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 

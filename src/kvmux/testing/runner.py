@@ -1,7 +1,7 @@
 """Run one vLLM engine through a scripted job, in its own process, and print JSON.
 
 Used by the demo, the integration tests and the benchmarks:
-``python -m kvmux.tools.runner JOB.json`` prints one JSON document on its last line.
+``python -m kvmux.testing.runner JOB.json`` prints one JSON document on its last line.
 By default the engine core runs in this process so that the connectors' counters can be
 read (a job with ``"multiprocess": true`` runs vLLM's default layout instead, without
 counters): each
@@ -10,7 +10,7 @@ up), and the job's ``mux`` are MuxConnector's per-child counters by side and lab
 A job with ``"kv_events": true`` enables vLLM's KV cache events; the ``events`` step
 returns those published since the last one. A ``cpu_times`` step returns the CPU seconds
 used so far by this process, the engine's processes and the step's ``pids``, by role
-(``kvmux.tools.cpu_times``).
+(``kvmux.testing.cpu_times``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmux.metrics import GAUGES, TierStats
-from kvmux.tools.cpu_times import cpu_seconds, process_tree
+from kvmux.testing.cpu_times import cpu_seconds, process_tree
 
 RESULT_MARK = "KVMUX-RESULT "
 
@@ -388,7 +388,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
 
 def job_main(run_job: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """A job module's entry point: run the job file named on the command line and print
-    its result after ``RESULT_MARK`` (the line ``kvmux.tools.engine`` looks for)."""
+    its result after ``RESULT_MARK`` (the line ``kvmux.testing.engine`` looks for)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     job = json.loads(Path(sys.argv[1]).read_text())
     print(RESULT_MARK + json.dumps(run_job(job)), flush=True)

@@ -1,4 +1,4 @@
-"""The engine runner's hook timing (``kvmux.tools.runner``)."""
+"""The engine runner's hook timing (``kvmux.testing.runner``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvmux.tools import runner
+from kvmux.testing import runner
 
 
 class Connector:
