@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.bench.report import markdown_table  # the report's own tables
+from benchmarks.report import markdown_table  # the report's own tables
 
 
 def label(machine: dict[str, Any]) -> str:

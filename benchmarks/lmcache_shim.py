@@ -15,7 +15,7 @@ except ImportError:  # nothing to mend
     pass
 else:
 
-    class _ScanSafeLib(_ffi._lib_wrapper):  # type: ignore[name-defined,misc]
+    class _ScanSafeLib(_ffi._lib_wrapper):  # type: ignore[misc]
         __slots__ = ()
 
         @property

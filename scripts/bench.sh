@@ -3,14 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVMUX_WITH_REDIS=1 bash scripts/setup.sh
-# TCMalloc for every engine, as vLLM's CPU backend asks (src/kvmux/tools/bench/allocator.py)
-if ! .venv/bin/python -c "import sys; from kvmux.tools.bench.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)" \
+# TCMalloc for every engine, as vLLM's CPU backend asks (benchmarks/allocator.py)
+if ! .venv/bin/python -c "import sys; from benchmarks.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)" \
   && command -v apt-get >/dev/null 2>&1; then
-  echo "kvmux bench: installing libtcmalloc-minimal4 from Debian"
+  echo "benchmarks: installing libtcmalloc-minimal4 from Debian"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; } \
-    || echo "kvmux bench: TCMalloc could not be installed; the engines use the system's allocator"
+    || echo "benchmarks: TCMalloc could not be installed; the engines use the system's allocator"
 fi
-.venv/bin/python -m pip install -q -e ".[bench]" 2>&1 | grep -v "^WARNING: Location" || true
-bash scripts/setup-lmcache.sh || echo "kvmux bench: LMCache venv could not be set up; it will be reported as failed"
-exec .venv/bin/kvmux bench --lmcache-python .venv-lmcache/bin/python "$@"
+.venv/bin/python -m pip install -q -r benchmarks/requirements.txt
+bash scripts/setup-lmcache.sh || echo "benchmarks: LMCache venv could not be set up; it will be reported as failed"
+exec .venv/bin/python -m benchmarks --lmcache-python .venv-lmcache/bin/python "$@"

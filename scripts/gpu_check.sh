@@ -78,4 +78,4 @@ echo "kvmux gpu_check: engines on the GPU (fp32, eager: exact log-probabilities)
 echo "kvmux gpu_check: an engine in bf16 with CUDA graphs"
 .venv/bin/python scripts/gpu_engine_check.py
 echo "kvmux gpu_check: TTFT, recompute against memory and disk hits"
-.venv/bin/python -m kvmux.tools.bench.gpu "$@"
+.venv/bin/python -m benchmarks.gpu "$@"

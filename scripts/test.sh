@@ -3,8 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVMUX_WITH_REDIS=1 bash scripts/setup.sh
-.venv/bin/ruff check src tests
-.venv/bin/ruff format --check src tests
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy
 .venv/bin/ruff check scripts/gpu_check_quick.py scripts/gpu_engine_check.py
 .venv/bin/mypy scripts/gpu_check_quick.py scripts/gpu_engine_check.py

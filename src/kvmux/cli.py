@@ -7,9 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-from kvmux.tools.bench.allocator import ALLOCATORS  # light: no vLLM, no torch
-from kvmux.tools.bench.host_memory import DISK_WRITES  # light too
-
 __all__ = ["main"]
 
 DEFAULT_DIR = Path.home() / ".cache" / "kvmux"
@@ -26,33 +23,41 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from kvmux.tools.bench.bars import format_bars
-    from kvmux.tools.bench.configs import CONFIGS
-    from kvmux.tools.bench.run import run_bench
+def _bench_tier(args: argparse.Namespace) -> int:
+    import json
 
-    configs = tuple(args.configs.split(",")) if args.configs else CONFIGS
-    unknown = set(configs) - set(CONFIGS)
-    if unknown:
-        from kvmux.errors import ConfigError
+    from kvmux.config import parse_capacity
+    from kvmux.tools.ops.main import tier_of
+    from kvmux.tools.tier_bench import bench_tier, format_rows
 
-        raise ConfigError("--configs", f"unknown {sorted(unknown)}", CONFIGS)
-    lmcache = args.lmcache_python or Path(
-        os.environ.get("KVMUX_LMCACHE_PYTHON", ".venv-lmcache/bin/python")
-    )
-    results = run_bench(
-        args.out,
-        args.quick,
-        args.workdir,
-        lmcache,
-        configs,
-        allocator=args.allocator,
-        empty_redis=args.empty_redis,
-        disk_writes=args.disk_writes,
-    )
-    print(format_bars(results["bars"]))
-    print(f"results in {args.out} ({results['seconds']:.0f} s)")
+    spec = tier_of(args)
+    entry_bytes = parse_capacity(args.entry_size, "entry_size")
+    if not args.json:
+        print(f"kvmux bench tier: {args.entries} entries of {entry_bytes} bytes", flush=True)
+    result = bench_tier(spec, args.entries, entry_bytes)
+    print(json.dumps(result, indent=1) if args.json else format_rows(result["rows"]))
     return 0
+
+
+def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from kvmux.tools.ops.main import add_tier_options
+
+    bench = commands.add_parser(  # the comparative studies: python -m benchmarks (not shipped)
+        "bench",
+        help="measure a tier against its device",
+        description="Measure kvmux on your own deployment. The comparative studies (vLLM, "
+        "its peers, charts) live in the repository: python -m benchmarks.",
+    )
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    text = "a disk or Redis tier's put and get beside plain writes and reads of the same bytes"
+    tier = kinds.add_parser("tier", help=text, description=text)
+    add_tier_options(tier)
+    tier.add_argument("--entries", type=int, default=64, help="entries per pass (default 64)")
+    tier.add_argument(
+        "--entry-size", default="2MiB", help="bytes of one entry, as a block's KV (default 2MiB)"
+    )
+    tier.add_argument("--json", action="store_true", help="JSON on stdout")
+    tier.set_defaults(func=_bench_tier)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -73,36 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", type=Path, default=DEFAULT_DIR / "demo", help="work directory")
     demo.add_argument("--prompt-tokens", type=int, default=3000, help="prompt length")
     demo.set_defaults(func=_demo)
-    bench = commands.add_parser("bench", help="kvmux against its peers and the physical limits")
-    bench.add_argument("--quick", action="store_true", help="the small run (a tiny model, minutes)")
-    bench.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
-    bench.add_argument(
-        "--workdir", type=Path, default=DEFAULT_DIR / "bench", help="models and tiers"
-    )
-    bench.add_argument(
-        "--lmcache-python", type=Path, default=None, help="python of the LMCache venv"
-    )
-    bench.add_argument("--configs", default="", help="comma-separated subset of configurations")
-    bench.add_argument(
-        "--allocator",
-        choices=ALLOCATORS,
-        default="auto",
-        help="every engine's memory allocator (auto: TCMalloc if installed, as vLLM asks on CPUs)",
-    )
-    bench.add_argument(
-        "--empty-redis",
-        action="store_true",
-        help="start the Redis tier empty (a cold start) instead of full and evicting, "
-        "as a cache that has been serving",
-    )
-    bench.add_argument(
-        "--disk-writes",
-        choices=DISK_WRITES,
-        default="page-cache",
-        help="how the disk tiers write: through the page cache, or around it "
-        "(direct_writes; README, Disk tier)",
-    )
-    bench.set_defaults(func=_bench)
+    _add_bench(commands)
     check = commands.add_parser(
         "check-config", help="validate a --kv-transfer-config offline (no vLLM, no model)"
     )

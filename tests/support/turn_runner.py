@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvmux.tools.bench.profiles import QUICK
+from benchmarks.profiles import QUICK
 
 __all__ = ["TurnTakingRunner"]
 

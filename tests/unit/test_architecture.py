@@ -25,7 +25,7 @@ ROLE_HOMES = {
     "worker": ["kvmux.mux", "kvmux.tier"],  # tier's is the package tier/worker/
     "base": ["kvmux.stores", "kvmux.tier.worker"],  # what the package's kinds derive from
 }
-TORCH_ALLOWED = ("kvmux.tier.worker", "kvmux.vllm", "kvmux.testing", "kvmux.tools")  # packages
+TORCH_ALLOWED = ("kvmux.tier.worker", "kvmux.vllm", "kvmux.testing")  # packages
 SCHEDULER_SIDE = "kvmux.tier.scheduler"
 NEVER_ON_THE_SCHEDULER_SIDE = ("torch", "kvmux.tier.worker")
 
@@ -78,8 +78,8 @@ def test_tier_splits_into_its_scheduler_and_worker_sides() -> None:
     assert {p.stem for p in (ROOT / "tier").iterdir() if p.name != "__pycache__"} == TIER
 
 
-def test_only_the_adapter_and_the_tools_import_vllm() -> None:
-    allowed = ("kvmux.vllm", "kvmux.testing", "kvmux.tools")
+def test_only_the_adapter_and_the_testing_harness_import_vllm() -> None:
+    allowed = ("kvmux.vllm", "kvmux.testing")
     outside = {m for m in _importers("vllm") if not m.startswith(allowed)}
     assert outside == set()
 
@@ -87,6 +87,34 @@ def test_only_the_adapter_and_the_tools_import_vllm() -> None:
 def test_the_library_never_imports_the_tools() -> None:
     assert {m for m in _importers("kvmux.tools") if not _is_tooling(m)} == set()
     assert {m for m in _importers("kvmux.testing") if not _is_tooling(m)} == set()
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported: ``TYPE_CHECKING`` blocks and function
+    bodies left out."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_package_holds_no_charts_and_no_multiconnector_at_import() -> None:
+    """Charts belong to the benchmarks (benchmarks/), and so do studies of vLLM's
+    MultiConnector: no module of the package imports matplotlib, none imports
+    MultiConnector as it is imported."""
+    assert _importers("matplotlib") == set()
+    multi = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
+    eager = {
+        n for n, p in _modules().items() if any(i.startswith(multi) for i in _top_level_imports(p))
+    }
+    assert eager == set()
+
+
+def test_the_package_never_imports_the_benchmarks() -> None:
+    assert _importers("benchmarks") == set()
 
 
 def test_torch_stays_on_the_worker_side() -> None:

@@ -53,7 +53,7 @@ from kvmux.stores.split import (
     part_name,
 )
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisStore", "redis_client"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -111,6 +111,13 @@ def _client_options(spec: RedisSpec) -> dict[str, Any]:
         if getattr(spec, field):
             options[option] = getattr(spec, field)
     return options
+
+
+def redis_client(spec: RedisSpec) -> Any:
+    """A redis-py client of the spec's deployment, with the store's options (tools' use)."""
+    redis = _import_redis()
+    cls = redis.cluster.RedisCluster if spec.cluster else redis.Redis
+    return cls.from_url(spec.url, **_client_options(spec))
 
 
 class RedisStore(KVStore):

@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 __all__ = ["REDIS_CLI", "REDIS_SERVER", "RedisServer", "TlsFiles", "free_port"]
 
@@ -93,7 +94,7 @@ class RedisServer:
             argv += ["--port", str(self.port)]
         return argv + self.extra
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
+    def start(self, timeout: float = 10.0) -> Self:
         """Start (or restart, empty) the server and wait until it listens."""
         log_path = self.workdir / "redis.log"
         with open(log_path, "ab") as log:
@@ -140,7 +141,7 @@ class RedisServer:
             [*argv, *args], capture_output=True, text=True, check=True, timeout=30
         ).stdout
 
-    def __enter__(self) -> RedisServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

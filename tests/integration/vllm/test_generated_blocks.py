@@ -37,7 +37,7 @@ def _chats(tiny_model: str, kv: dict[str, Any] | None, params: list[Any]) -> lis
             for chat, p in zip([CHAT_A, CHAT_B], params, strict=True)
         ],
     }
-    run = run_engine_job(job, env=ENGINE_ENV, module="kvmux.tools.bench.chat_job")
+    run = run_engine_job(job, env=ENGINE_ENV, module="kvmux.testing.chat_job")
     return list(run["conversations"])
 
 

@@ -17,7 +17,7 @@ from kvmux.tools.ops.scan import Scan, Selection
 from kvmux.tools.ops.tier import describe_tier, open_tier, tier_spec
 from kvmux.tools.ops.units import parse_duration
 
-__all__ = ["COMMANDS", "add_parsers", "run_command"]
+__all__ = ["COMMANDS", "add_parsers", "add_tier_options", "run_command", "tier_of"]
 
 COMMANDS = {
     "ls": "list entries: key, namespace, size, age, signing key",
@@ -27,10 +27,9 @@ COMMANDS = {
 }
 
 
-def _common() -> argparse.ArgumentParser:
-    """Options every subcommand takes: the tier, the selection, the output."""
-    common = argparse.ArgumentParser(add_help=False)
-    tier = common.add_argument_group("tier (exactly one)")
+def add_tier_options(parser: argparse.ArgumentParser) -> None:
+    """The options that name a tier (``tier_spec`` reads them)."""
+    tier = parser.add_argument_group("tier (exactly one)")
     source = tier.add_mutually_exclusive_group(required=True)
     source.add_argument("--store", metavar="JSON", help="a store spec as the config takes it")
     source.add_argument("--disk", metavar="PATH", help="a disk tier's directory")
@@ -38,6 +37,19 @@ def _common() -> argparse.ArgumentParser:
     tier.add_argument("--cluster", action="store_true", help="with --redis: Redis Cluster")
     tier.add_argument("--signing-key-file", metavar="PATH", help="the tier's signing keys")
     tier.add_argument("--signing-key-env", metavar="VAR", help="the tier's signing keys")
+
+
+def tier_of(args: argparse.Namespace) -> StoreSpec:
+    """The spec of the tier the ``add_tier_options`` options name."""
+    return tier_spec(
+        args.store, args.disk, args.redis, args.cluster, args.signing_key_file, args.signing_key_env
+    )
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options every subcommand takes: the tier, the selection, the output."""
+    common = argparse.ArgumentParser(add_help=False)
+    add_tier_options(common)
     chosen = common.add_argument_group("selection (default: every entry)")
     chosen.add_argument(
         "--namespace", action="append", metavar="NS", help="namespace id or prefix (repeatable)"
@@ -89,9 +101,7 @@ def _selection(args: argparse.Namespace) -> Selection:
 def run_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run one subcommand on the tier its arguments name; returns the exit status."""
     out = out if out is not None else sys.stdout
-    spec = tier_spec(
-        args.store, args.disk, args.redis, args.cluster, args.signing_key_file, args.signing_key_env
-    )
+    spec = tier_of(args)
     selection = _selection(args)
     with _quiet_store_logs():
         return _run(args, spec, selection, out)

@@ -1,1 +1,0 @@
-"""Benchmarks of kvmux against the raw limits of the hardware and services it runs on."""
