@@ -1,14 +1,16 @@
-"""Compose docs/benchmarks.md and docs/bench-results from full runs of `kvmux bench`.
+"""Compose docs/benchmarks.md and docs/bench-results from full runs of ``python -m benchmarks``.
 
-usage: python benchmarks/compose_docs.py HEAD_MD SHORT_MD OLD_RESULTS_JSON DOCS_DIR
+usage: python -m benchmarks.compose_docs HEAD_MD SHORT_MD OLD_RESULTS_JSON DOCS_DIR
        DIR:COMMIT[:earlier]...
 
 HEAD_MD is the text above "## The bars" (what ran, how to read it), SHORT_MD the section
-"## What falls short, and why"; each DIR is a `kvmux bench --out` folder. The old
-results.json's own run joins its `earlier_runs`, and so does each DIR marked `:earlier`
-(a run kept on record but not shown, numbered in order); the other runs make the bars
-table (with the earlier runs' lowest and highest figure per bar); the last one is shown
-whole.
+"## What falls short, and why"; each DIR is a ``python -m benchmarks --out`` folder. The
+old results.json's own run joins its `earlier_runs`, and so does each DIR marked
+`:earlier` (a run kept on record but not shown, numbered in order); the other runs make
+the bars table (with the earlier runs' lowest and highest figure per bar); the last one
+is shown whole. The page names runs by machine and settings only: run numbers and
+commits are history, kept in results.json (`runs_commit`, `runs_commits`,
+`earlier_runs`), never written into the docs.
 """
 
 from __future__ import annotations
@@ -84,16 +86,22 @@ def same_bar(a: str, b: str) -> bool:
     return a == b or _COUNTS.sub("", a) == _COUNTS.sub("", b)
 
 
-def bars_table(runs: list[tuple[int, str, dict[str, Any]]], earlier: list[dict[str, Any]]) -> str:
-    """Every bar of the new runs, met in all of them or not, and the earlier runs' range."""
-    heads = [f"run {n} ({c}, {label(d['machine'])}, {settings(d)})" for n, c, d in runs]
-    first, last = earlier[0]["run"], earlier[-1]["run"]
-    header = ["bar", *heads, "bar", f"met in runs {runs[0][0]} to {runs[-1][0]}"]
-    header.append(f"runs {first} to {last}: lowest to highest")
+def run_heads(runs: list[dict[str, Any]]) -> list[str]:
+    """A column head per run: its machine and settings, lettered where two read alike."""
+    heads = [f"{label(d['machine'])}, {settings(d)}" for d in runs]
+    if len(set(heads)) == len(heads):
+        return heads
+    return [f"{head} ({chr(ord('a') + n)})" for n, head in enumerate(heads)]
+
+
+def bars_table(runs: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> str:
+    """Every bar of the shown runs, met in all of them or not, and the earlier runs' range."""
+    header = ["bar", *run_heads(runs), "bar", "met in every run shown"]
+    header.append(f"{len(earlier)} earlier runs: lowest to highest")
     rows = []
-    for bar in runs[-1][2]["bars"]:
+    for bar in runs[-1]["bars"]:
         name = bar["bar"]
-        found = [next(x for x in d["bars"] if x["bar"] == name) for _, _, d in runs]
+        found = [next(x for x in d["bars"] if x["bar"] == name) for d in runs]
         met = all(b["met"] for b in found)
         old = [
             b["measured"]
@@ -125,7 +133,7 @@ def main() -> None:
     earlier = list(old["earlier_runs"])
     next_run = earlier[-1]["run"] + 1
     earlier.append(summary(next_run, old["runs_commit"], old))
-    runs = []
+    runs: list[tuple[int, str, dict[str, Any], Path]] = []
     for n, spec in enumerate(sys.argv[5:], start=next_run + 1):
         folder, commit, *mark = spec.split(":")
         if mark not in ([], ["earlier"]):
@@ -137,7 +145,7 @@ def main() -> None:
             earlier.append(summary(n, commit, data))
         else:
             runs.append((n, commit, data, Path(folder)))
-    table = bars_table([(n, c, d) for n, c, d, _ in runs], earlier)
+    table = bars_table([d for _, _, d, _ in runs], earlier)
     _, last_c, last, last_dir = runs[-1]
     text = (
         head_md.read_text().rstrip()
