@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.disk_fill import DISK_CAPACITY
+from benchmarks.profiles import DISK_CAPACITY
 
 __all__ = ["CONFIGS", "DISK_CONFIGS", "LMCACHE_PORT", "disk_tier", "kv_config"]
 
@@ -42,14 +42,9 @@ def _mux(policy: str, tiers: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def disk_tier(path: Path, direct_writes: bool) -> dict[str, Any]:
+def disk_tier(path: Path, direct_writes: bool, capacity: str = DISK_CAPACITY) -> dict[str, Any]:
     """The benchmark's disk tier at ``path``, written around the page cache or not."""
-    tier: dict[str, Any] = {
-        "type": "disk",
-        "path": str(path),
-        "capacity": DISK_CAPACITY,
-        "name": "disk",
-    }
+    tier: dict[str, Any] = {"type": "disk", "path": str(path), "capacity": capacity, "name": "disk"}
     if direct_writes:
         tier["direct_writes"] = True
     return tier
@@ -61,11 +56,12 @@ def kv_config(
     redis_url: str | None,
     direct_writes: bool = False,
     disk_path: Path | None = None,
+    disk_capacity: str = DISK_CAPACITY,
 ) -> dict[str, Any] | None:
     """KVTransferConfig fields of configuration ``name`` (None: no connector);
     ``direct_writes``: its disk tier's (``host_memory.disk_writes``), at ``disk_path``
-    (default ``work/disk``)."""
-    disk = disk_tier(disk_path or work / "disk", direct_writes)
+    (default ``work/disk``), of ``disk_capacity``."""
+    disk = disk_tier(disk_path or work / "disk", direct_writes, disk_capacity)
     if name in ("none", "vllm-prefix-cache"):
         return None
     if name == "example":

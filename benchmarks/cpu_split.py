@@ -95,12 +95,12 @@ def run_split(
     model_dir = workdir / f"model-{plan.model_size}-{plan.dtype}"
     model = build_random_llama(model_dir, plan.model_size, plan.dtype)
     rows = []
-    with RedisProcess(workdir / "redis") as redis:
+    with RedisProcess(workdir / "redis", plan.redis_maxmemory) as redis:
         assert redis.proc is not None
         if not empty_redis:
             redis.fill(ENTRY_BYTES)
         runner = Runner(plan, model, workdir / "e2e", redis.url, {}, extra_env, direct_writes)
-        fill_disk(runner.disk_path, ENTRY_BYTES)
+        fill_disk(runner.disk_path, ENTRY_BYTES, plan.disk_capacity)
         for config in configs:
             steps = batch_steps(runner, batches, [redis.proc.pid])
             run = runner.run(

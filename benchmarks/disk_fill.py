@@ -18,9 +18,8 @@ from kvmux.config import parse_capacity
 from kvmux.stores import DiskStore
 from kvmux.tier.scheduler.generation import decode_generation, encode_record, new_generation
 
-__all__ = ["DISK_CAPACITY", "fill_disk", "forget_disk"]
+__all__ = ["fill_disk", "forget_disk"]
 
-DISK_CAPACITY = "4GiB"  # the benchmark's disk tier, page cache included, fits beside its engines
 FILLER_NAMESPACE = b"kvmux bench disk filler"  # keys no engine ever computes
 
 
@@ -28,7 +27,7 @@ def _store(path: Path, capacity: str) -> DiskStore:
     return DiskStore(path, parse_capacity(capacity, "capacity"), touch=False)
 
 
-def fill_disk(path: Path, entry_bytes: int, capacity: str = DISK_CAPACITY) -> int:
+def fill_disk(path: Path, entry_bytes: int, capacity: str) -> int:
     """Fill the disk tier at ``path`` with filler entries up to its capacity; how many."""
     store = _store(path, capacity)
     value, count = bytes(entry_bytes), 0
@@ -39,7 +38,7 @@ def fill_disk(path: Path, entry_bytes: int, capacity: str = DISK_CAPACITY) -> in
     return count
 
 
-def forget_disk(path: Path, capacity: str = DISK_CAPACITY) -> bytes:
+def forget_disk(path: Path, capacity: str) -> bytes:
     """Move the disk tier at ``path`` to a new generation: its entries are never served
     again, and evicted first; the new generation's id."""
     store, generation = _store(path, capacity), new_generation()

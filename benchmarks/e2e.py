@@ -105,7 +105,7 @@ class Runner:
         if fresh:
             shutil.rmtree(work, ignore_errors=True)
             if config in DISK_CONFIGS:
-                forget_disk(self.disk_path)
+                forget_disk(self.disk_path, self.plan.disk_capacity)
         work.mkdir(parents=True, exist_ok=True)
         longest = max(
             (*self.plan.lengths, self.plan.system_tokens + self.plan.turns * self.plan.user_tokens)
@@ -121,7 +121,14 @@ class Runner:
         job = {
             "model": str(self.model),
             "engine": settings,
-            "kv": kv_config(config, work, self.redis_url, self.direct_writes, self.disk_path),
+            "kv": kv_config(
+                config,
+                work,
+                self.redis_url,
+                self.direct_writes,
+                self.disk_path,
+                self.plan.disk_capacity,
+            ),
             "steps": [_gen([self.tokens(1, 256)]), *steps],  # warm-up, not measured
             "multiprocess": multiprocess,
         }
@@ -191,7 +198,7 @@ def long_prompts(runner: Runner, config: str) -> list[dict[str, Any]]:
     page_cache = None
     if config in RESTART_SOURCES:
         if config == "kvmux-mux-redis":  # empty the disk tier so the hit must come from Redis
-            forget_disk(runner.disk_path)
+            forget_disk(runner.disk_path, runner.plan.disk_capacity)
         again_steps = [s for p in prompts for s in (settle, _gen([p]))]
         files = restart_files(runner, config)
         if files is not None:  # only the engine's files: the tier's filler keeps its pages
@@ -483,8 +490,8 @@ def loads_while_decoding(
     work = runner.work / f"loading-{tier}-{mode}"
     shutil.rmtree(work, ignore_errors=True)
     if tier == "disk":
-        forget_disk(runner.disk_path)
-        store = disk_tier(runner.disk_path, runner.direct_writes)
+        forget_disk(runner.disk_path, runner.plan.disk_capacity)
+        store = disk_tier(runner.disk_path, runner.direct_writes, runner.plan.disk_capacity)
     elif runner.redis_url is not None:
         prefix = f"kvmux-loading-{uuid.uuid4().hex[:12]}:"  # nothing stored before
         store = {"type": "redis", "url": runner.redis_url, "key_prefix": prefix}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ENTRY_BYTES", "FULL", "QUICK", "BenchPlan"]
+__all__ = ["DISK_CAPACITY", "ENTRY_BYTES", "FULL", "QUICK", "REDIS_MAXMEMORY", "BenchPlan"]
 
 ENTRY_BYTES = 8 * 262144  # one 128-token block of the benchmark model, all layers (bf16)
+DISK_CAPACITY = "4GiB"  # the full run's disk tier, page cache included, fits beside its engines
+REDIS_MAXMEMORY = 4 * 10**9  # the full run's redis-server
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class BenchPlan:
     warm_repeats: int = 1  # workload (a): warm requests per prompt, their median reported
     warm_rounds: int = 2  # warm TTFT side by side (the bar): turns of each engine
     overhead_rounds: int = 1  # overhead: engine pairs (Mux, Multi) per children count
+    disk_capacity: str = DISK_CAPACITY  # the one disk tier, filled before the workloads
+    redis_maxmemory: int = REDIS_MAXMEMORY  # the Redis tier, filled before the workloads
 
 
 QUICK = BenchPlan(
@@ -63,6 +67,10 @@ QUICK = BenchPlan(
     chat_turns=3,
     chat_user_tokens=100,
     chat_reply_tokens=160,
+    # the tiny model's workloads write a few MiB: tiers of 256 MB are as full, and evict
+    # as a full tier does, for a sixteenth of the filling
+    disk_capacity="256MiB",
+    redis_maxmemory=256 * 10**6,
 )
 
 FULL = BenchPlan(

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from benchmarks.allocator import allocator_env
 from benchmarks.bars import evaluate_bars
 from benchmarks.configs import CONFIGS
-from benchmarks.disk_fill import DISK_CAPACITY, fill_disk
+from benchmarks.disk_fill import fill_disk
 from benchmarks.e2e import Runner, async_loads, long_prompts, mux_overhead, reuse_workload
 from benchmarks.host_memory import disk_writes as disk_writes_of
 from benchmarks.microbench import run_store_bench
@@ -79,7 +79,7 @@ def run_bench(
     model = build_random_llama(
         workdir / f"model-{plan.model_size}-{plan.dtype}", plan.model_size, plan.dtype
     )
-    redis = RedisProcess(workdir / "redis").start()
+    redis = RedisProcess(workdir / "redis", plan.redis_maxmemory).start()
     try:
         filler = 0 if empty_redis else redis.fill(ENTRY_BYTES)
     except BaseException:
@@ -108,8 +108,8 @@ def run_bench(
                 pythons["lmcache"] = str(lmcache_python)
     runner = Runner(plan, model, workdir / "e2e", redis.url, pythons, extra_env, direct_writes)
     try:
-        filled = fill_disk(runner.disk_path, ENTRY_BYTES)
-        results["disk"] = {"capacity": DISK_CAPACITY, "filler_entries": filled}
+        filled = fill_disk(runner.disk_path, ENTRY_BYTES, plan.disk_capacity)
+        results["disk"] = {"capacity": plan.disk_capacity, "filler_entries": filled}
         work = [(name, c) for c in configs for name in ("long_prompts", "reuse")]
         for name, config in tqdm(work, desc="end-to-end", unit="run"):
             call = _workload(runner, name, config)

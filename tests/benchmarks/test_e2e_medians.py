@@ -80,7 +80,7 @@ def test_a_disk_restart_reads_evicted_files_then_a_warm_page_cache(
         return 7
 
     monkeypatch.setattr(e2e, "evict_page_cache", fake_evict)
-    monkeypatch.setattr(e2e, "forget_disk", lambda path: b"")
+    monkeypatch.setattr(e2e, "forget_disk", lambda path, capacity: b"")
     (row,) = e2e.long_prompts(runner, "kvmux-mux-first")  # type: ignore[arg-type]
     assert len(runner.jobs) == 3  # the first engine, a cold restart, a warm one
     ((directory, since, jobs_before),) = evicted
@@ -97,7 +97,7 @@ def test_a_restart_from_redis_evicts_nothing_and_runs_once(
     runner = FakeRunner([5.0, 0.2, 0.4], lengths=(1024,), warm_repeats=1)
     runner.disk_path = Path("/nonexistent/disk")  # type: ignore[attr-defined]
     monkeypatch.setattr(e2e, "evict_page_cache", lambda *_: pytest.fail("evicted"))
-    monkeypatch.setattr(e2e, "forget_disk", lambda path: b"")
+    monkeypatch.setattr(e2e, "forget_disk", lambda path, capacity: b"")
     (row,) = e2e.long_prompts(runner, "kvmux-mux-redis")  # type: ignore[arg-type]
     assert len(runner.jobs) == 2
     assert "restart_page_cache" not in row and "ttft_restart_page_cache_warm_s" not in row
