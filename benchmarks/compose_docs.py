@@ -3,14 +3,16 @@
 usage: python -m benchmarks.compose_docs HEAD_MD SHORT_MD OLD_RESULTS_JSON DOCS_DIR
        DIR:COMMIT[:earlier]...
 
-HEAD_MD is the text above "## The bars" (what ran, how to read it), SHORT_MD the section
-"## What falls short, and why"; each DIR is a ``python -m benchmarks --out`` folder. The
-old results.json's own run joins its `earlier_runs`, and so does each DIR marked
-`:earlier` (a run kept on record but not shown, numbered in order); the other runs make
-the bars table (with the earlier runs' lowest and highest figure per bar); the last one
-is shown whole. The page names runs by machine and settings only: run numbers and
-commits are history, kept in results.json (`runs_commit`, `runs_commits`,
-`earlier_runs`), never written into the docs.
+HEAD_MD is the text above "## The bars" (how to run the benchmark, what it measures),
+SHORT_MD the text between the bars table and the last run's figures (the latest runs' key
+figures, where the raw data lives); both are written by hand. Each DIR is a
+``python -m benchmarks --out`` folder. The old results.json's own run joins its
+`earlier_runs`, and so does each DIR marked `:earlier` (a run kept on record but not
+shown); the other runs make the bars table, and the last one's main tables and charts are
+shown, its whole report linked. The page names runs by machine and settings, and by
+"latest", "2nd latest" where those read alike: run numbers, commits and the earlier runs'
+figures are history, kept in results.json (`runs_commit`, `runs_commits`, `earlier_runs`),
+never written into the docs.
 """
 
 from __future__ import annotations
@@ -78,47 +80,57 @@ def limit(value: float) -> str:
     return f"{value:g}"
 
 
-_COUNTS = re.compile(r"\b\d+ (?=(?:engine )?pairs\b)")
-
-
-def same_bar(a: str, b: str) -> bool:
-    """Whether two bar names name one bar, whatever the count of pairs it was taken over."""
-    return a == b or _COUNTS.sub("", a) == _COUNTS.sub("", b)
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def run_heads(runs: list[dict[str, Any]]) -> list[str]:
-    """A column head per run: its machine and settings, lettered where two read alike."""
+    """A column head per run: its machine and settings, and its place where two read alike."""
     heads = [f"{label(d['machine'])}, {settings(d)}" for d in runs]
     if len(set(heads)) == len(heads):
         return heads
-    return [f"{head} ({chr(ord('a') + n)})" for n, head in enumerate(heads)]
+    places = ["latest" if k == 1 else f"{ordinal(k)} latest" for k in range(len(runs), 0, -1)]
+    return [f"{head} ({place})" for head, place in zip(heads, places, strict=True)]
 
 
-def bars_table(runs: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> str:
-    """Every bar of the shown runs, met in all of them or not, and the earlier runs' range."""
+def bars_table(runs: list[dict[str, Any]]) -> str:
+    """Every bar of the shown runs, and whether all of them met it."""
     header = ["bar", *run_heads(runs), "bar", "met in every run shown"]
-    header.append(f"{len(earlier)} earlier runs: lowest to highest")
     rows = []
     for bar in runs[-1]["bars"]:
         name = bar["bar"]
         found = [next(x for x in d["bars"] if x["bar"] == name) for d in runs]
         met = all(b["met"] for b in found)
-        old = [
-            b["measured"]
-            for e in earlier
-            for b in e["bars"]
-            if same_bar(b["bar"], name) and b["measured"] is not None
-        ]
-        span = f"{min(old):.3f} to {max(old):.3f}" if old else "-"
-        rows.append([name, *map(cell, found), limit(bar["limit"]), "yes" if met else "no", span])
-    return "\n".join(markdown_table(header, rows))
+        rows.append([name, *map(cell, found), limit(bar["limit"]), "yes" if met else "no"])
+    return "\n".join(markdown_table(header, rows)).rstrip()
+
+
+# A run's results.md sections left off the page, to keep it short: the machine and settings
+# (the page's text and column heads say them), every TTFT (the ttft chart shows them), the
+# per-round rows and the bars (the page's own table). The whole report is linked.
+LEFT_OFF = ("Machine", "Run settings", "long_prompts", "warm_ttft", "no_reuse", "bars")
+
+FIGURES_NOTE = (
+    "The latest run's main tables and its charts. Its whole report, with the machine, the"
+    " run settings, every TTFT and the per-round rows, is `docs/bench-results/results.md`"
+    " in the repository; the raw data is"
+    " [bench-results/results.json](bench-results/results.json).\n\n"
+)
 
 
 def demoted(results_md: str) -> str:
-    """A run's results.md one heading level down, its images under bench-results/."""
+    """A run's results.md one heading level down, its images under bench-results/, the
+    sections of LEFT_OFF left off."""
     out = []
+    skipping = False
     for line in results_md.splitlines():
         if line.startswith("# "):  # the run's own title: the docs page has its own
+            continue
+        if line.startswith("## "):
+            skipping = line[3:].strip() in LEFT_OFF
+        if skipping:
             continue
         if line.startswith("#"):
             line = "#" + line
@@ -145,16 +157,17 @@ def main() -> None:
             earlier.append(summary(n, commit, data))
         else:
             runs.append((n, commit, data, Path(folder)))
-    table = bars_table([d for _, _, d, _ in runs], earlier)
+    table = bars_table([d for _, _, d, _ in runs])
     _, last_c, last, last_dir = runs[-1]
     text = (
         head_md.read_text().rstrip()
         + "\n\n## The bars\n\n"
         + table
-        + "\n"
-        + short_md.read_text().rstrip()
+        + "\n\n"
+        + short_md.read_text().strip()
     )
-    text += "\n\n## Figures of the last run\n\n" + demoted((last_dir / "results.md").read_text())
+    text += "\n\n## Figures of the last run\n\n" + FIGURES_NOTE
+    text += demoted((last_dir / "results.md").read_text())
     (docs / "benchmarks.md").write_text(text)
     out = docs / "bench-results"
     for png in out.glob("*.png"):

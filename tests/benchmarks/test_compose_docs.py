@@ -29,7 +29,9 @@ def _run(folder: Path, measured: float, cpu: str = "Intel Xeon") -> Path:
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps(data))
     (folder / "results.md").write_text(
-        "# kvmux benchmark results\n\n## Machine\n\n![c](stores.png)\n"
+        "# kvmux benchmark results\n\n## Machine\n\n| machine row |\n\n"
+        "## no_reuse\n\n| saving round row |\n\n## overhead\n\n| overhead row |\n\n"
+        "## Charts\n\n![c](stores.png)\n"
     )
     return folder
 
@@ -46,7 +48,7 @@ def test_the_page_carries_no_run_numbers_or_commits(
     (tmp_path / "short.md").write_text("## What falls short, and why\n")
     runs = [
         f"{_run(tmp_path / name, m)}:{c}"
-        for name, m, c in (("a", 0.02, "aaa1111"), ("b", 0.03, "bbb2222"))
+        for name, m, c in (("a", 0.02, "aaa1111"), ("b", 0.03, "bbb2222"), ("c", 0.04, "ccc3333"))
     ]
     paths = ["head.md", "short.md", "old.json"]
     monkeypatch.setattr(
@@ -54,11 +56,17 @@ def test_the_page_carries_no_run_numbers_or_commits(
     )
     compose_docs.main()
     page = (docs / "benchmarks.md").read_text()
-    for commit in ("0ldc0mm1t", "e4r1i3r", "aaa1111", "bbb2222"):
+    for commit in ("0ldc0mm1t", "e4r1i3r", "aaa1111", "bbb2222", "ccc3333"):
         assert commit not in page
     assert re.search(r"\bruns? \d", page) is None
-    assert "Xeon, tcmalloc, Redis full, disk full (a)" in page  # two alike runs, lettered
-    assert "2 earlier runs: lowest to highest" in page and "0.010 to 0.010" in page
+    heads = [f"Xeon, tcmalloc, Redis full, disk full ({p})" for p in ("3rd latest", "2nd latest")]
+    assert all(head in page for head in heads) and "disk full (latest)" in page  # alike runs
+    assert "0.010" not in page and "earlier runs" not in page  # earlier runs: results.json only
+    assert "0.020" in page and "0.030" in page and "0.040" in page
+    assert "overhead row" in page and "saving round row" not in page  # per-round tables left off
+    assert "machine row" not in page and "bench-results/results.md" in page
+    assert "](bench-results/stores.png)" in page
     result = json.loads((docs / "bench-results" / "results.json").read_text())
-    assert result["runs_commits"] == ["e4r1i3r", "0ldc0mm1t", "aaa1111", "bbb2222"]  # history
-    assert [e["run"] for e in result["earlier_runs"]] == [6, 7, 8]
+    commits = ["e4r1i3r", "0ldc0mm1t", "aaa1111", "bbb2222", "ccc3333"]
+    assert result["runs_commits"] == commits  # history
+    assert [e["run"] for e in result["earlier_runs"]] == [6, 7, 8, 9]
