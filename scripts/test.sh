@@ -11,4 +11,5 @@ KVMUX_WITH_REDIS=1 bash scripts/setup.sh
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d "$(mktemp -d)"
 # the GPU check's CPU mode: no vLLM importable, no network (it refuses both)
 PYTHON=.venv/bin/python bash scripts/gpu_check.sh --quick --device cpu --json bench-results/gpu-check-cpu.json
-.venv/bin/python -m pytest -q --durations=30 "$@"
+# two workers, each taking whole files (module-scoped engines and servers stay shared)
+.venv/bin/python -m pytest -q --durations=30 -n "${KVMUX_TEST_WORKERS:-2}" --dist loadfile "$@"
