@@ -21,7 +21,7 @@ def register_policy(name: str, module: str, factory: str) -> None:
     """Make ``"policy": name`` build ``module.factory()``; a name is registered once."""
     if name in _POLICIES:
         raise ValueError(f"selection policy {name!r} is already registered")
-    _POLICIES[name] = (module, factory)
+    _POLICIES[name] = (module, factory)  # imported when first made (``make_policy``)
 
 
 def policy_names() -> tuple[str, ...]:
@@ -35,5 +35,9 @@ def make_policy(name: str) -> SelectionPolicy:
         module, factory = _POLICIES[name]
     except KeyError:
         raise ConfigError("policy", f"unknown policy {name!r}", policy_names()) from None
-    policy: SelectionPolicy = getattr(importlib.import_module(module), factory)()
+    try:
+        build = getattr(importlib.import_module(module), factory)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError("policy", f"policy {name!r} cannot be loaded: {exc}") from exc
+    policy: SelectionPolicy = build()
     return policy

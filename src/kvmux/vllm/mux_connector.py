@@ -130,12 +130,13 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __getattr__(self, name: str) -> Any:
         """The half of the other role, built when first asked for (see ``__init__``)."""
-        if name == "sched":
-            self.sched = self._build_scheduler()
-            return self.sched
-        if name == "work":
-            self.work = self._build_worker()
-            return self.work
+        if name in ("sched", "work"):
+            try:
+                half = self._build_scheduler() if name == "sched" else self._build_worker()
+            except AttributeError as exc:  # not "no such attribute": the half failed to build
+                raise RuntimeError(f"MuxConnector cannot build its {name} half: {exc}") from exc
+            setattr(self, name, half)
+            return half
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- properties and class-level queries: over the children's classes -------------
@@ -473,8 +474,14 @@ class MuxConnector(KVConnectorBase_V1, SupportsHMA):
         self._roster.fan_out("shutdown")
 
     def get_mem_pool_context(self) -> Any:
-        """The first child's memory pool context, if any."""
-        return self._roster.first_not_none("get_mem_pool_context")
+        """The first child's memory pool context, if any (unguarded, as MultiConnector: a
+        child whose pool cannot be made stops the worker's start, never a silent other
+        pool for its KV cache)."""
+        for child in self._roster.connectors:
+            context = child.get_mem_pool_context()
+            if context is not None:
+                return context
+        return None
 
 
 def _delivers(child: KVConnectorBase_V1) -> bool:

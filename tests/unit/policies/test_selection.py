@@ -206,6 +206,10 @@ def test_a_registered_policy_is_imported_only_when_asked_for(
     assert plan == [Contribution(1, 0, 16, False)]
     with pytest.raises(ValueError, match="already"):
         registry.register_policy("last", "elsewhere", "Other")
+    registry.register_policy("typo", "kvmux.policies.selection", "Composee")
+    with pytest.raises(ConfigError, match="cannot be loaded") as raised:
+        make_policy("typo")
+    assert raised.value.key == "policy"
 
 
 def test_contribution_end() -> None:

@@ -240,6 +240,23 @@ def test_properties_aggregate_over_children() -> None:
     assert mux.get_handshake_metadata() is None
 
 
+def test_the_first_childs_memory_pool_wins_and_a_pool_that_fails_stops_the_start() -> None:
+    mux = make(WORKER, child("a"), child("b"))
+    a, b = mux.children
+    asked: list[str] = []
+    a.get_mem_pool_context = lambda: asked.append("a")  # type: ignore[method-assign]
+    b.get_mem_pool_context = lambda: asked.append("b") or "pool-b"  # type: ignore[method-assign]
+    assert mux.get_mem_pool_context() == "pool-b"
+    assert asked == ["a", "b"]
+
+    def no_pool() -> None:
+        raise RuntimeError("custom MemPool could not be created")
+
+    a.get_mem_pool_context = no_pool  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="MemPool"):  # never a silent other pool
+        mux.get_mem_pool_context()
+
+
 # -- lookups ----------------------------------------------------------------------------
 
 
