@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--allocator", choices=ALLOCATORS, default="page-cache")
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="auto")
     parser.add_argument("--empty-redis", action="store_true", help="start redis-server empty")
     parser.add_argument("--disk-writes", choices=DISK_WRITES, default="page-cache")
     args = parser.parse_args(argv)
