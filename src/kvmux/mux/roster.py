@@ -61,9 +61,6 @@ class Roster:
             for hook in no_op_hooks
         }
 
-    def __len__(self) -> int:
-        return len(self.members)
-
     def capabilities(self) -> list[Capabilities]:
         """Each child's capabilities now (``mux/capabilities.py``)."""
         return [capabilities_of(c) for c in self.connectors]

@@ -139,16 +139,8 @@ class MuxWorker:
     def worker_meta(self) -> tuple[tuple[Any | None, ...], frozenset[int]] | None:
         """Each child's worker metadata and the children this worker has cut off; None
         when there is neither."""
-        metas: list[Any | None] = []
-        opened: frozenset[int] = frozenset()
-        for i, child, guard in self._all:
-            try:
-                metas.append(child.build_connector_worker_meta())
-            except Exception as exc:
-                guard.fail("build_connector_worker_meta", exc)
-                metas.append(None)
-            if not guard.closed and guard.cut_off():
-                opened |= {i}
+        metas = self.roster.fan_out("build_connector_worker_meta")
+        opened = frozenset(i for i, _, guard in self._all if not guard.closed and guard.cut_off())
         if not opened and metas.count(None) == len(metas):
             return None
         return tuple(metas), opened
