@@ -4,7 +4,8 @@ Scheme (version ``kvmux-keys-v2``, hash BLAKE3, 16-byte digests):
 
 * ``namespace_id = blake3(canonical_json(namespace))[:16]`` where the namespace names
   everything that changes the bytes of a block: model and checkpoint identity,
-  quantization, dtypes, KV shape and layout, block size, parallel sizes, platform.
+  quantization, dtypes, KV shape and layout, block size, the pipeline-parallel layout,
+  platform; not the tensor-parallel size (entries are per KV head).
 * ``root = blake3("kvmux-keys-v2" | namespace_id | generation)``, where the generation
   is the tier's current 16-byte random id (``kvmux.tier.scheduler.generation``), replaced at each
   reset: after a reset no key of an earlier generation is ever asked for.
@@ -17,8 +18,9 @@ Scheme (version ``kvmux-keys-v2``, hash BLAKE3, 16-byte digests):
   uint16le(g))[:16]`` for a group ``g > 0`` of a hybrid model (e.g. its sliding-window
   layers): each group's layers of a block are one entry. A model with one group keeps
   the block key itself; the namespace of a model with several groups names every group.
-* ``store_key(key, rank) = blake3(key | uint16le(rank))[:16]``: each tensor-parallel rank
-  holds its own shard of every block.
+* ``store_key(key, shard) = blake3(key | uint16le(shard))[:16]``: a block is stored in
+  shards, one per KV head of each pipeline stage's layers (``kvmux.tier.shards``), so that
+  engines of any tensor-parallel size read and write the same entries.
 
 Nothing depends on PYTHONHASHSEED or process state, so keys agree across processes,
 restarts and machines.
@@ -123,6 +125,6 @@ def group_key(key: BlockKey, group: int) -> BlockKey:
     return BlockKey(blake3(key + b"group" + struct.pack("<H", group)).digest(DIGEST_SIZE))
 
 
-def store_key(key: BlockKey, rank: int) -> StoreKey:
-    """The key one tensor-parallel rank stores its shard of a block under."""
-    return StoreKey(blake3(key + struct.pack("<H", rank)).digest(DIGEST_SIZE))
+def store_key(key: BlockKey, shard: int) -> StoreKey:
+    """The key one shard of a block (``kvmux.tier.shards``) is stored under."""
+    return StoreKey(blake3(key + struct.pack("<H", shard)).digest(DIGEST_SIZE))

@@ -17,7 +17,7 @@ import kvmux
 ROOT = Path(kvmux.__file__).parent
 TOP_LEVEL = {"__init__", "cli", "codec", "config", "errors", "keys", "metrics"}
 PACKAGES = {"mux", "policies", "stores", "testing", "tier", "tools", "vllm"}
-TIER = {"__init__", "fences", "scheduler", "worker"}  # fences: both sides of one protocol
+TIER = {"__init__", "fences", "shards", "scheduler", "worker"}  # both sides of one protocol each
 # The same role, the same name: each repeated basename, and the packages holding it.
 ROLE_HOMES = {
     "scheduler": ["kvmux.mux", "kvmux.tier.scheduler"],

@@ -161,13 +161,21 @@ class LostKeys:
 class SharedStoreView(TierView):
     """A store both halves can open (disk, Redis): ask it directly; errors are misses.
 
-    Lookups check rank 0's shard of each block; every rank saves the same blocks, and
-    a shard missing on another rank is a load error that the engine recomputes.
+    A block is held only if every one of its ``shards`` is (``kvmux.tier.shards``: every
+    KV head of every pipeline stage), whichever ranks wrote them; a shard that is present
+    and does not verify is a load error that the engine recomputes.
     Blocks whose saves this engine planned moments ago count as held (``RecentSaves``).
     """
 
-    def __init__(self, store: KVStore, stats: TierStats, signing: SigningKeys | None = None):
+    def __init__(
+        self,
+        store: KVStore,
+        stats: TierStats,
+        signing: SigningKeys | None = None,
+        shards: int = 1,
+    ):
         self._store = store
+        self._shards = max(1, shards)  # stored shards of every block
         self._stats = stats
         self._generations = GenerationTracker(signing)  # where this engine is
         self._record_lock = threading.Lock()  # a reset's record and write-backs, one at a time
@@ -184,11 +192,11 @@ class SharedStoreView(TierView):
         keys = keys[: self._lost.usable(keys)]
         if not keys:
             return 0
-        held = self._guarded(
-            "lookup", lambda: self._store.count_prefix([store_key(k, 0) for k in keys]), None
-        )
-        if held is None:  # the store cannot be reached: what it is writing cannot load either
+        wanted = [store_key(key, shard) for key in keys for shard in range(self._shards)]
+        held_shards = self._guarded("lookup", lambda: self._store.count_prefix(wanted), None)
+        if held_shards is None:  # the store cannot be reached: what it writes cannot load either
             return 0
+        held = held_shards // self._shards  # the blocks with every shard, from the first
         return held + self._recent.count_prefix(keys[held:])
 
     def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
@@ -298,8 +306,9 @@ class RemoteStoreView(SharedStoreView):
         stats: TierStats,
         wait_seconds: float,
         signing: SigningKeys | None = None,
+        shards: int = 1,
     ):
-        super().__init__(store, stats, signing)
+        super().__init__(store, stats, signing, shards)
         self._wait = wait_seconds
         self._pool = ThreadPoolExecutor(2, thread_name_prefix=f"kvmux-{store.name}-lookup")
         self._in_flight: dict[tuple[bytes, bytes, int], Future[int]] = {}  # (ends, length)

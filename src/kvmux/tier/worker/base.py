@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from kvmux.keys import BlockKey, store_key
+from kvmux.keys import BlockKey
 from kvmux.metrics import TierStats
 from kvmux.tier.fences import InFlightSaves
 from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan
@@ -127,9 +127,6 @@ class WorkerBase(ABC):
         self._loader.close()
         if self._copies is not None:
             self._copies.close()
-
-    def _skey(self, key: BlockKey) -> bytes:
-        return store_key(key, self._rank)
 
     def _warn_once(self, kind: str, message: str, *args: object) -> None:
         level = logging.WARNING if kind not in self._warned else logging.DEBUG

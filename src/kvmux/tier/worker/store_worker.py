@@ -24,16 +24,23 @@ import torch
 from kvmux import codec
 from kvmux.codec import DecodedEntry, LayerSpec, SigningKeys
 from kvmux.errors import CorruptEntry, StoreError, UnverifiedEntry
-from kvmux.keys import BlockKey
+from kvmux.keys import BlockKey, store_key
 from kvmux.metrics import TierStats
 from kvmux.stores.base import KVStore, ValueParts, value_nbytes
 from kvmux.tier.scheduler.plan import BlockTransfer, TierStepPlan
+from kvmux.tier.shards import BlockShards
 from kvmux.tier.worker.base import WorkerBase
 from kvmux.tier.worker.loader import FinishedLoads
 from kvmux.tier.worker.read_buffers import ReadBuffers
 from kvmux.tier.worker.save_queue import SaveQueueSizing
 from kvmux.tier.worker.slab import HostSlab
-from kvmux.tier.worker.transfer import BlockMover, CopyStream, group_movers, on_this_device
+from kvmux.tier.worker.transfer import (
+    BlockMover,
+    CopyStream,
+    group_movers,
+    head_movers,
+    on_this_device,
+)
 
 __all__ = ["FinishedLoads", "StoreWorker"]
 
@@ -46,22 +53,36 @@ ENTRY_SLACK = 64 * 1024  # room past a block's bytes in a read buffer: the entry
 
 
 @dataclass(frozen=True)
+class _Shard:
+    """One stored shard of a planned block (``kvmux.tier.shards``): what moves as one entry."""
+
+    row: int  # the block's index in the step's transfers
+    mover: int  # the mover of its group's head position
+    skey: bytes  # where the store holds it
+    block_id: int
+
+
+@dataclass(frozen=True)
 class _Copied:
-    """One block copied out: its group's layer specs, the staging slots, its slot."""
+    """One shard copied out: its mover's layer specs, the staging slots, its slot."""
 
     specs: tuple[LayerSpec, ...]
     staging: HostSlab
-    group: int
+    mover: int
     slot: int
 
     def parts(self) -> list[memoryview]:
-        """Raw bytes of the block's layers, without copying (once the copies landed)."""
+        """Raw bytes of the shard's layers, without copying (once the copies landed)."""
         self.staging.flush()
-        return self.staging.slot_parts(self.group, self.slot)
+        return self.staging.slot_parts(self.mover, self.slot)
 
 
 class StoreWorker(WorkerBase):
-    """Moves blocks between one byte store and the engine's KV cache for one rank."""
+    """Moves blocks between one byte store and the engine's KV cache for one rank.
+
+    Each block is stored in shards (``kvmux.tier.shards``): this rank reads and writes the
+    shards of its own KV heads; a block landed only if every one of its shards did.
+    """
 
     def __init__(
         self,
@@ -71,12 +92,16 @@ class StoreWorker(WorkerBase):
         stats: TierStats,
         save_queue: int | SaveQueueSizing | None = None,
         signing: SigningKeys | None = None,
+        shards: BlockShards | None = None,
     ):
         super().__init__(store.name, rank, stats)
+        self._shards = shards or BlockShards()  # default: each block one shard, whole
         self._store = store
         self._signing = signing  # sign what is saved, load only what verifies
         self._namespace = namespace
-        self._movers: list[BlockMover] = []  # one per KV cache group
+        self._movers: list[BlockMover] = []  # one per head position of each KV cache group
+        self._positions: list[list[tuple[int, int]]] = []  # per group: (mover, shard) each
+        self._mover_bytes: list[int] = []  # host bytes of one shard of each mover
         self._writer = ThreadPoolExecutor(
             1, thread_name_prefix=f"kvmux-{store.name}-save", initializer=on_this_device()
         )
@@ -117,16 +142,28 @@ class StoreWorker(WorkerBase):
         groups: Sequence[Sequence[str]] | None = None,
     ) -> None:
         """Adopt the engine's KV cache tensors (see ``WorkerBase.register``)."""
-        self._movers = group_movers(kv_caches, num_blocks, groups)
-        self._group_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
-        largest_entry = max(self._group_bytes, default=0) + ENTRY_SLACK
+        if self._shards.split:
+            per_group = head_movers(kv_caches, num_blocks, groups, len(self._shards.local))
+        else:
+            per_group = [[mover] for mover in group_movers(kv_caches, num_blocks, groups)]
+        self._movers = [mover for movers in per_group for mover in movers]
+        first = [sum(map(len, per_group[:g])) for g in range(len(per_group))]
+        self._positions = [
+            [(first[g] + p, self._shards.shard(p)) for p in range(len(movers))]
+            for g, movers in enumerate(per_group)
+        ]
+        self._mover_bytes = [sum(s.nbytes for s in m.layer_specs) for m in self._movers]
+        self._group_bytes = [
+            sum(self._mover_bytes[mover] for mover, _ in positions) for positions in self._positions
+        ]
+        largest_entry = max(self._mover_bytes, default=0) + ENTRY_SLACK
         self._read_buffers = ReadBuffers(largest_entry)
         if self._movers:  # whoever writes the store cannot make one read take more
             self._store.limit_values(largest_entry)
-        # as many slots as blocks of the smallest group fit in the save queue (a slot holds
-        # a block of any group; vLLM's groups are of one size, the queue's bytes then)
+        # as many slots as shards of the smallest group fit in the save queue (a slot holds
+        # a shard of any group; vLLM's groups are of one size, the queue's bytes then)
         self._size_save_queue()
-        slots = self._save_queue // max(1, min(self._group_bytes, default=1))
+        slots = self._save_queue // max(1, min(self._mover_bytes, default=1))
         slots = min(slots, MAX_STAGING_SLOTS)
         if self._movers and slots:
             self._staging = HostSlab(self._movers, slots)
@@ -150,9 +187,13 @@ class StoreWorker(WorkerBase):
     def _load_blocks(self, transfers: Sequence[BlockTransfer], parallel: bool = True) -> list[bool]:
         """Read, verify and copy in each block; whether each landed (failures counted)."""
         started = time.perf_counter()
-        reads = len(transfers) if self._store.parallel_reads else 0  # stores that read files
+        shards = self._shards_of(transfers)
+        reads = len(shards) if self._store.parallel_reads else 0  # stores that read files
         with self._read_buffers.lend(reads) as buffers:
-            landed = self._read_and_copy_in(transfers, buffers, parallel)
+            shards_landed = self._read_and_copy_in(shards, buffers, parallel)
+        landed = [True] * len(transfers)
+        for shard, ok in zip(shards, shards_landed, strict=True):
+            landed[shard.row] = landed[shard.row] and ok
         for transfer, ok in zip(transfers, landed, strict=True):
             if not ok:
                 self._report_missing([transfer.key])
@@ -163,33 +204,42 @@ class StoreWorker(WorkerBase):
         )
         return landed
 
+    def _shards_of(self, transfers: Sequence[BlockTransfer]) -> list[_Shard]:
+        """This rank's shards of each block, block by block."""
+        shards = []
+        for row, transfer in enumerate(transfers):
+            assert transfer.group < len(self._positions), "a transfer of a group this worker lacks"
+            for mover, shard in self._positions[transfer.group]:
+                skey = store_key(transfer.key, shard)
+                shards.append(_Shard(row, mover, skey, transfer.block_id))
+        return shards
+
     def _read_and_copy_in(
-        self, transfers: Sequence[BlockTransfer], buffers: list[bytearray], parallel: bool
+        self, shards: Sequence[_Shard], buffers: list[bytearray], parallel: bool
     ) -> list[bool]:
         """Read (into ``buffers``, if any), verify and copy in; the entries' views of the
         buffers end here."""
-        keys = [self._skey(t.key) for t in transfers]
-        entries = self._fetch_all(keys, buffers, parallel)
+        entries = self._fetch_all([shard.skey for shard in shards], buffers, parallel)
         verified = [
-            None if data is None else self._verified(transfer, skey, data)
-            for data, transfer, skey in zip(entries, transfers, keys, strict=True)
+            None if data is None else self._verified(shard, data)
+            for data, shard in zip(entries, shards, strict=True)
         ]
-        return self._copy_in(transfers, verified)
+        return self._copy_in(shards, verified)
 
     def _copy_in(
-        self, transfers: Sequence[BlockTransfer], entries: Sequence[DecodedEntry | None]
+        self, shards: Sequence[_Shard], entries: Sequence[DecodedEntry | None]
     ) -> list[bool]:
-        """Copy the verified entries in, one batch per KV cache group; what landed."""
+        """Copy the verified entries in, one batch per mover; which shards landed."""
         rows_of: dict[int, list[int]] = {}
-        for row, (transfer, entry) in enumerate(zip(transfers, entries, strict=True)):
+        for row, (shard, entry) in enumerate(zip(shards, entries, strict=True)):
             if entry is not None:
-                rows_of.setdefault(transfer.group, []).append(row)
-        landed = [False] * len(transfers)
-        for group, rows in rows_of.items():
-            blocks = [transfers[row].block_id for row in rows]
+                rows_of.setdefault(shard.mover, []).append(row)
+        landed = [False] * len(shards)
+        for mover, rows in rows_of.items():
+            blocks = [shards[row].block_id for row in rows]
             batch = [entry for row in rows if (entry := entries[row]) is not None]
             try:
-                self._movers[group].copy_in_many(blocks, batch)
+                self._movers[mover].copy_in_many(blocks, batch)
             except Exception as exc:  # a bug, never wrong KV: the blocks are recomputed
                 self._warn_once("copy", "kvmux tier %s: copy-in failed: %r", self._store.name, exc)
                 continue
@@ -234,14 +284,12 @@ class StoreWorker(WorkerBase):
                 log.debug("kvmux tier %s: unexpected store failure", self._store.name, exc_info=exc)
             return default
 
-    def _verified(
-        self, transfer: BlockTransfer, skey: bytes, data: bytes | memoryview
-    ) -> DecodedEntry | None:
+    def _verified(self, shard: _Shard, data: bytes | memoryview) -> DecodedEntry | None:
         """The decoded entry if it verifies and fits this engine's cache; else None (counted)."""
-        assert transfer.group < len(self._movers), "a transfer of a group this worker lacks"
+        skey = shard.skey
         try:
             entry = codec.decode(data, self._namespace, skey, self._signing)
-            self._movers[transfer.group].check(entry)
+            self._movers[shard.mover].check(entry)
         except UnverifiedEntry as exc:  # not deleted: it may be another key holder's
             self._stats.add(unverified_entries=1)
             self._note_unverified(skey)
@@ -285,24 +333,26 @@ class StoreWorker(WorkerBase):
     # -- saves ---------------------------------------------------------------
 
     def _admit(self, saves: list[BlockTransfer]) -> tuple[list[BlockTransfer], list[int]]:
-        """The saves that fit in the save queue, with their staging slots; the rest are
-        dropped and counted.
+        """The saves that fit in the save queue whole (every shard of this rank), with one
+        staging slot per shard; the rest are dropped and counted.
 
         A slow store must never make host memory grow without bound, nor make the
         forward pass wait: past the bound, saves are simply not made.
         """
         with self._lock:
-            room, count = self._save_queue - self._queued_bytes, 0
-            for transfer in saves[: len(self._free_slots)]:
+            room, count, needed = self._save_queue - self._queued_bytes, 0, 0
+            for transfer in saves:
                 room -= max(1, self._bytes_of(transfer))
-                if room < 0:
+                needed += len(self._positions[transfer.group])
+                if room < 0 or needed > len(self._free_slots):
                     break
                 count += 1
             admitted, dropped = saves[:count], saves[count:]
             if not self._free_sorted:  # the lowest first: runs of slots, fewer copies
                 self._free_slots.sort()
                 self._free_sorted = True
-            slots, self._free_slots = self._free_slots[:count], self._free_slots[count:]
+            taken = sum(len(self._positions[t.group]) for t in admitted)
+            slots, self._free_slots = self._free_slots[:taken], self._free_slots[taken:]
             self._queued_bytes += sum(map(self._bytes_of, admitted))
             queued = self._queued_bytes
         self._stats.observe_save_queue(queued)
@@ -331,43 +381,48 @@ class StoreWorker(WorkerBase):
                 self._free_sorted = False
 
     def _bytes_of(self, transfer: BlockTransfer) -> int:
+        """Host bytes of this rank's shards of one block of the transfer's group."""
         return self._group_bytes[transfer.group]
 
-    def _copy_out(
-        self, saves: Sequence[BlockTransfer], slots: list[int], step: int
-    ) -> list[_Copied]:
-        """Gather the planned blocks into their staging slots, one batch per KV cache group."""
+    def _copy_out(self, shards: Sequence[_Shard], slots: list[int], step: int) -> list[_Copied]:
+        """Gather the planned shards into their staging slots, one batch per mover."""
         staging = self._staging
-        assert staging is not None or not saves, "saves admitted without staging slots"
+        assert staging is not None or not shards, "saves admitted without staging slots"
         rows_of: dict[int, list[int]] = {}
-        for index, transfer in enumerate(saves):
-            rows_of.setdefault(transfer.group, []).append(index)
+        for index, shard in enumerate(shards):
+            rows_of.setdefault(shard.mover, []).append(index)
         copied: dict[int, _Copied] = {}
-        for group, indices in rows_of.items():
+        for mover, indices in rows_of.items():
             assert staging is not None
-            group_slots = [slots[i] for i in indices]
-            mark = staging.save(group, [saves[i].block_id for i in indices], group_slots)
+            mover_slots = [slots[i] for i in indices]
+            mark = staging.save(mover, [shards[i].block_id for i in indices], mover_slots)
             self._in_flight.saved(step, mark)
-            specs = self._movers[group].layer_specs
-            for index, slot in zip(indices, group_slots, strict=True):
-                copied[index] = _Copied(specs, staging, group, slot)
-        return [copied[index] for index in range(len(saves))]
+            specs = self._movers[mover].layer_specs
+            for index, slot in zip(indices, mover_slots, strict=True):
+                copied[index] = _Copied(specs, staging, mover, slot)
+        return [copied[index] for index in range(len(shards))]
 
     def save(self, plan: TierStepPlan) -> None:
-        """Copy the planned blocks out now; encode and write them off the critical path."""
+        """Copy the planned blocks out now; encode and write them off the critical path.
+
+        Only the rank that writes a shard saves it (``BlockShards.writes``): a replica of
+        another rank's heads saves nothing, nor evicts.
+        """
         saves = self._untainted(plan)
-        if not self._movers or not (saves or plan.evictions):
+        if not self._shards.writes or not self._movers or not (saves or plan.evictions):
             return
         saves, slots = self._admit(saves)
         queued = sum(map(self._bytes_of, saves))
+        shards = self._shards_of(saves)
         try:
-            copied = self._copy_out(saves, slots, plan.step)
+            copied = self._copy_out(shards, slots, plan.step)
         except BaseException:
             self._release(slots, queued)
             raise
-        keys = [self._skey(t.key) for t in saves]
-        evictions = [self._skey(k) for k in plan.evictions]
-        blocks = [t.key for t in saves]
+        keys = [shard.skey for shard in shards]
+        mine = [shard for _, shard in self._positions[0]] if self._positions else []
+        evictions: list[bytes] = [store_key(k, s) for k in plan.evictions for s in mine]
+        blocks = [saves[shard.row].key for shard in shards]
         future = self._writer.submit(self._write, blocks, keys, copied, evictions)
         with self._lock:
             for skey in keys:

@@ -39,6 +39,9 @@ __all__ = [
     "CopyStream",
     "chunks",
     "group_movers",
+    "head_axis",
+    "head_movers",
+    "head_views",
     "index_on",
     "on_this_device",
     "widest_view",
@@ -240,14 +243,67 @@ def group_movers(
 ) -> list[BlockMover]:
     """One mover per KV cache group (its layers in the order of ``kv_caches``); one for
     every layer without ``groups``."""
-    if groups is None:
-        return [BlockMover(kv_caches, num_blocks)]
-    movers = []
-    for names in groups:
-        wanted = set(names)
-        layers = {name: tensor for name, tensor in kv_caches.items() if name in wanted}
-        movers.append(BlockMover(layers, num_blocks))
-    return movers
+    layer_groups = [kv_caches] if groups is None else [_layers_of(kv_caches, g) for g in groups]
+    return [BlockMover(layers, num_blocks) for layers in layer_groups]
+
+
+def head_movers(
+    kv_caches: dict[str, torch.Tensor],
+    num_blocks: int | None,
+    groups: Sequence[Sequence[str]] | None,
+    heads: int,
+) -> list[list[BlockMover]]:
+    """Per KV cache group (as ``group_movers``): one mover per head position of this
+    rank's cache, each over that head of every layer of the group."""
+    layer_groups = [kv_caches] if groups is None else [_layers_of(kv_caches, g) for g in groups]
+    return [
+        [BlockMover(view, num_blocks) for view in head_views(layers, num_blocks, heads)]
+        for layers in layer_groups
+    ]
+
+
+def _layers_of(kv_caches: dict[str, torch.Tensor], names: Sequence[str]) -> dict[str, torch.Tensor]:
+    wanted = set(names)
+    return {name: tensor for name, tensor in kv_caches.items() if name in wanted}
+
+
+_HEAD_LAYOUTS = (
+    "[blocks, heads, tokens, bytes] (vLLM's KV cache views: the CPU backend, FlashInfer, "
+    "FlashAttention) or [2, blocks, tokens, heads, head size]"
+)
+
+
+def head_axis(tensor: torch.Tensor, block_dim: int) -> int:
+    """The dimension of ``tensor`` that indexes its KV heads; UnsupportedLayout if unknown."""
+    if block_dim == 0 and tensor.dim() == 4:
+        return 1
+    if block_dim == 1 and tensor.dim() == 5:
+        return 3
+    raise UnsupportedLayout(
+        f"KV cache tensor of shape {tuple(tensor.shape)} (blocks at {block_dim}) has no KV "
+        f"head dimension kvmux knows; kvmux splits {_HEAD_LAYOUTS} by head"
+    )
+
+
+def head_views(
+    kv_caches: Mapping[str, torch.Tensor], num_blocks: int | None, heads: int
+) -> list[dict[str, torch.Tensor]]:
+    """Per head position: every layer's cache narrowed to that head (views, no copy).
+
+    A view keeps its head dimension, of size 1, so one head's block has the same shape
+    whatever the number of heads a rank holds: that is what makes it shareable.
+    """
+    views: list[dict[str, torch.Tensor]] = [{} for _ in range(heads)]
+    for name, tensor in kv_caches.items():
+        axis = head_axis(tensor, _block_dim(tensor, num_blocks))
+        if tensor.shape[axis] != heads:
+            raise UnsupportedLayout(
+                f"KV cache tensor {name} of shape {tuple(tensor.shape)} holds "
+                f"{tensor.shape[axis]} KV heads at dimension {axis}, not this rank's {heads}"
+            )
+        for position in range(heads):
+            views[position][name] = tensor.narrow(axis, position, 1)
+    return views
 
 
 def _host_copy(target: torch.Tensor, payload: memoryview, offset: int) -> None:

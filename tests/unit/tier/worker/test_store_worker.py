@@ -56,12 +56,11 @@ def make_worker() -> Iterator[MakeWorker]:
         store: KVStore,
         caches: dict[str, torch.Tensor] | None,
         namespace: bytes = NS,
-        rank: int = 0,
         stats: TierStats | None = None,
         save_queue: int | None = None,
     ) -> StoreWorker:
         stats = stats if stats is not None else TierStats()
-        worker = StoreWorker(store, namespace, rank, stats, save_queue=save_queue)
+        worker = StoreWorker(store, namespace, 0, stats, save_queue=save_queue)
         if caches is not None:
             worker.register(caches, NUM_BLOCKS)
         workers.append(worker)
@@ -105,15 +104,15 @@ def test_save_then_load_into_other_blocks(layout: str, make_worker: MakeWorker) 
     assert load_stats.bytes_loaded == store.used_bytes()
 
 
-def test_stored_entries_are_codec_entries_under_rank_store_keys(make_worker: MakeWorker) -> None:
+def test_stored_entries_are_codec_entries_under_shard_keys(make_worker: MakeWorker) -> None:
     store = DictStore(1 << 20)
     source = _caches("blocks_first", random=True)
-    worker = make_worker(store, source, rank=3)
+    worker = make_worker(store, source)
     _save(worker, (K1, 2))
-    assert not store.contains(store_key(K1, 0))
-    data = store.get(store_key(K1, 3))
+    assert not store.contains(store_key(K1, 1))  # one shard: the whole block
+    data = store.get(store_key(K1, 0))
     assert data is not None
-    entry = codec.decode(data, NS, store_key(K1, 3))
+    entry = codec.decode(data, NS, store_key(K1, 0))
     layer0 = entry.payload[: entry.layers[0].nbytes]
     assert bytes(layer0) == source["layer.0"][2].numpy().tobytes()
 
@@ -217,15 +216,6 @@ def test_errors_accumulate_until_taken(make_worker: MakeWorker) -> None:
     worker.load([BlockTransfer(K3, 2)])
     assert worker.take_load_errors() == {1, 2}
     assert worker.take_missing() == {K1, K3}
-
-
-def test_other_rank_does_not_see_the_shard(make_worker: MakeWorker) -> None:
-    store = DictStore(1 << 20)
-    _save(make_worker(store, _caches("blocks_first", random=True), rank=0), (K1, 1))
-    loader = make_worker(store, _caches("blocks_first", random=False), rank=1)
-    loader.load([BlockTransfer(K1, 0)])
-    assert loader.take_load_errors() == {0}
-    assert loader.take_missing() == {K1}
 
 
 def test_entry_from_another_namespace_is_a_load_error(make_worker: MakeWorker) -> None:
