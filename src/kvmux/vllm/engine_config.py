@@ -5,12 +5,14 @@ The namespace names everything about an engine that changes the bytes of a KV bl
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 from blake3 import blake3
 
 from kvmux.errors import ConfigError
+from kvmux.tier.shards import BlockShards, block_shards
 from kvmux.tier.worker.save_queue import SaveQueueSizing, host_memory_bytes
 from kvmux.tier.worker.slab import ROW_ALIGN
 from kvmux.vllm.checkpoint import checkpoint_identity
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "block_size_of",
     "engine_namespace",
+    "engine_shards",
     "group_windows",
     "prefer_recompute",
     "save_queue_sizing",
@@ -130,8 +133,62 @@ def _kv_cache_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     return str(layout or "")
 
 
+ENTRY_LAYOUT = "kv-head-shards-v1"  # in the namespace: entries of another layout never load
+
+
+def _splits_heads(vllm_config: VllmConfig) -> bool:
+    """Whether the KV cache has heads to split: not MLA's one latent per token."""
+    return not bool(getattr(vllm_config.model_config, "use_mla", False))
+
+
+def _total_kv_heads(vllm_config: VllmConfig, local: int) -> int:
+    """The model's KV heads, from a rank's ``local`` heads of one group (``local`` heads on
+    each of TP ranks, or one head replicated where the model has fewer than TP)."""
+    tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+    model_heads = int(vllm_config.model_config.get_total_num_kv_heads())
+    return model_heads if local == 1 and model_heads < tp_size else local * tp_size
+
+
+def engine_shards(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, tp_rank: int = 0, pp_rank: int = 0
+) -> BlockShards:
+    """The shards every block is stored in, and which of them the rank holds and writes.
+
+    Heads are split where every KV cache group's rank holds the same number of KV heads
+    (vLLM's models); MLA's latent, replicated on every rank, is one shard per stage.
+    """
+    parallel = vllm_config.parallel_config
+    tp_size, pp_size = int(parallel.tensor_parallel_size), int(parallel.pipeline_parallel_size)
+    local = {
+        int(getattr(g.kv_cache_spec, "num_kv_heads", 0)) for g in kv_cache_config.kv_cache_groups
+    }
+    split = _splits_heads(vllm_config) and len(local) == 1 and min(local) > 0
+    heads = _total_kv_heads(vllm_config, min(local)) if split else 1
+    return block_shards(heads, tp_size, tp_rank, pp_size, pp_rank, split)
+
+
+def _head_page_bytes(vllm_config: VllmConfig, spec: Any) -> int:
+    """Bytes of one block of one layer, per KV head where heads are split: the same at
+    every tensor-parallel size."""
+    heads = int(getattr(spec, "num_kv_heads", 0))
+    split = _splits_heads(vllm_config) and heads > 0
+    return int(spec.page_size_bytes) // heads if split else int(spec.page_size_bytes)
+
+
+def _stage_layers(vllm_config: VllmConfig, names: list[str]) -> dict[str, Any]:
+    """What names a group's layers: every layer in one stage; under pipeline parallelism
+    (each stage holds its own layers, the scheduler sees stage 0's) the partition."""
+    if int(vllm_config.parallel_config.pipeline_parallel_size) == 1:
+        return {"layers": list(names)}
+    return {"pp_layer_partition": os.environ.get("VLLM_PP_LAYER_PARTITION", "")}
+
+
 def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> dict[str, Any]:
-    """The namespace mapping that keys and entry headers are bound to."""
+    """The namespace mapping that keys and entry headers are bound to.
+
+    It names everything that changes a block's bytes but the tensor-parallel size:
+    entries are per KV head (``engine_shards``), the same whatever the number of ranks.
+    """
     from vllm.platforms import current_platform
 
     model = vllm_config.model_config
@@ -140,6 +197,7 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     group = groups[0]
     spec = group.kv_cache_spec
     device = str(current_platform.device_type)
+    local_heads = int(getattr(spec, "num_kv_heads", 0))
     namespace: dict[str, Any] = {
         "model": str(model.model),
         "revision": str(model.revision),
@@ -150,34 +208,37 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
         "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
         "kv_spec": type(spec).__name__,
         "kv_dtype": str(getattr(spec, "dtype", "")),
-        "num_kv_heads": int(getattr(spec, "num_kv_heads", 0)),
+        "num_kv_heads": _total_kv_heads(vllm_config, local_heads) if local_heads else 0,
         "head_size": int(getattr(spec, "head_size", 0)),
-        "page_size_bytes": int(spec.page_size_bytes),
-        "num_layers": len(group.layer_names),
+        "head_page_bytes": _head_page_bytes(vllm_config, spec),
+        "num_layers": int(model.get_total_num_hidden_layers()),
         "block_size": int(spec.block_size),
-        "tensor_parallel_size": int(parallel.tensor_parallel_size),
+        "entry_layout": ENTRY_LAYOUT,
         "pipeline_parallel_size": int(parallel.pipeline_parallel_size),
         "device": device,
         "cpu_isa": torch.backends.cpu.get_cpu_capability() if device == "cpu" else "",
         "kv_cache_layout": _kv_cache_layout(vllm_config, kv_cache_config),
     }
+    if int(parallel.pipeline_parallel_size) > 1:
+        namespace.update(_stage_layers(vllm_config, []))
     if len(groups) > 1:  # a hybrid model: every group's layers and layout
-        namespace["kv_cache_groups"] = [_describe_group(g) for g in groups]
+        namespace["kv_cache_groups"] = [_describe_group(vllm_config, g) for g in groups]
     return namespace
 
 
-def _describe_group(group: Any) -> dict[str, Any]:
+def _describe_group(vllm_config: VllmConfig, group: Any) -> dict[str, Any]:
     """What of one KV cache group changes the bytes, or the meaning, of its entries."""
     spec = group.kv_cache_spec
+    local_heads = int(getattr(spec, "num_kv_heads", 0))
     return {
         "kv_spec": type(spec).__name__,
         "kv_dtype": str(getattr(spec, "dtype", "")),
-        "num_kv_heads": int(getattr(spec, "num_kv_heads", 0)),
+        "num_kv_heads": _total_kv_heads(vllm_config, local_heads) if local_heads else 0,
         "head_size": int(getattr(spec, "head_size", 0)),
-        "page_size_bytes": int(spec.page_size_bytes),
+        "head_page_bytes": _head_page_bytes(vllm_config, spec),
         "block_size": int(spec.block_size),
         "sliding_window": int(getattr(spec, "sliding_window", 0) or 0),
-        "layers": list(group.layer_names),
+        **_stage_layers(vllm_config, list(group.layer_names)),
     }
 
 

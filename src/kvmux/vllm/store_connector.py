@@ -38,6 +38,7 @@ from kvmux.tier.worker.store_worker import StoreWorker
 from kvmux.vllm.engine_config import (
     block_size_of,
     engine_namespace,
+    engine_shards,
     group_windows,
     prefer_recompute,
     save_queue_sizing,
@@ -72,11 +73,11 @@ __all__ = ["StoreConnector"]
 log = logging.getLogger(__name__)
 
 
-def _worker_rank() -> int:
+def _parallel_ranks() -> tuple[int, int]:
+    """This worker's (tensor-parallel rank, pipeline stage)."""
     from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
-    tp = get_tp_group()
-    return int(get_pp_group().rank_in_group) * int(tp.world_size) + int(tp.rank_in_group)
+    return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
 
 
 def loads_async(spec: StoreSpec, num_groups: int) -> bool:
@@ -165,6 +166,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._last_stats: dict[str, float] = {}
         self._async_loads = loads_async(spec, len(self._windows))
         # the half of this role (vLLM's offloading connector's shape): the other is None
+        self._rank = 0  # the worker's rank among all (pipeline stage, then TP rank)
         self.sched: StoreConnectorScheduler | None = None
         self.work: StoreConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -182,7 +184,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
     ) -> StoreConnectorScheduler:
         spec = self.config.store
-        view = self._scheduler_view(kv_cache_config)
+        view = self._scheduler_view(vllm_config, kv_cache_config)
         events = None
         if events_enabled(vllm_config):
             events = tier_events(spec, self._block_size, kv_cache_config, view)
@@ -203,6 +205,8 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _build_worker(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> WorkerBase:
         spec = self.config.store
+        tp_rank, stage = _parallel_ranks()
+        self._rank = stage * int(vllm_config.parallel_config.tensor_parallel_size) + tp_rank
         worker: WorkerBase
         if isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/worker/slab.py
             worker = self.open_slab_worker(spec, spec.capacity // slab_slot_bytes(kv_cache_config))
@@ -210,29 +214,31 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             worker = StoreWorker(
                 self.open_store(spec),
                 self._namespace,
-                _worker_rank(),
+                self._rank,
                 self.stats,
                 save_queue_sizing(vllm_config, spec.save_queue, self._block_size),
                 spec.signing,
+                engine_shards(vllm_config, kv_cache_config, tp_rank, stage),
             )
         agreement = rank_agreement(vllm_config)
         if agreement is not None:
             worker.agree_with_ranks(agreement)
         return worker
 
-    def _scheduler_view(self, kv_cache_config: KVCacheConfig) -> TierView:
+    def _scheduler_view(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> TierView:
         spec = self.config.store
+        shards = engine_shards(vllm_config, kv_cache_config).per_block  # a hit needs them all
         if isinstance(spec, MemorySpec):  # only the workers can see it: mirror it
             return MirrorIndex(spec.capacity, slab_slot_bytes(kv_cache_config))
         if isinstance(spec, RedisSpec):
             return RemoteStoreView(
-                self.open_store(spec), self.stats, spec.lookup_wait, spec.signing
+                self.open_store(spec), self.stats, spec.lookup_wait, spec.signing, shards
             )
-        return SharedStoreView(self.open_store(spec), self.stats, spec.signing)
+        return SharedStoreView(self.open_store(spec), self.stats, spec.signing, shards)
 
     def open_slab_worker(self, spec: MemorySpec, slots: int) -> SlabWorker:
         """The memory tier's worker half (a subclass may wrap it, e.g. in tests)."""
-        return SlabWorker(spec.name, slots, _worker_rank(), self.stats)
+        return SlabWorker(spec.name, slots, self._rank, self.stats)
 
     def open_store(self, spec: StoreSpec) -> KVStore:
         """The store this connector's half uses (a subclass may wrap it, e.g. in tests)."""

@@ -66,7 +66,13 @@ def _engine(
     vllm_config = SimpleNamespace(
         kv_transfer_config=ktc,
         model_config=SimpleNamespace(
-            model="unit-model", revision=None, hf_config=SimpleNamespace(), dtype="float32"
+            model="unit-model",
+            revision=None,
+            hf_config=SimpleNamespace(),
+            dtype="float32",
+            use_mla=False,
+            get_total_num_kv_heads=lambda: 2,
+            get_total_num_hidden_layers=lambda: 2 * len(specs or (None,)),
         ),
         parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
         cache_config=SimpleNamespace(cache_dtype="auto"),
@@ -358,7 +364,7 @@ def worker(
     monkeypatch: pytest.MonkeyPatch, store: dict[str, Any], specs: tuple[KVCacheSpec, ...] | None
 ) -> StoreConnector:
     """A worker half over stand-in KV caches of every group's layers."""
-    monkeypatch.setattr(store_connector, "_worker_rank", lambda: 0)
+    monkeypatch.setattr(store_connector, "_parallel_ranks", lambda: (0, 0))
     vllm_config, kv_cache_config = _engine(store, specs)
     connector = StoreConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)  # type: ignore[arg-type]
     names = sorted(n for g in kv_cache_config.kv_cache_groups for n in g.layer_names)
