@@ -10,11 +10,16 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, fields
 
-__all__ = ["GAUGES", "TierStats"]
+__all__ = ["BLOCK_COUNTERS", "GAUGES", "TierStats"]
 
 GAUGES = frozenset(  # levels: maxed, never summed
     {"stored_bytes", "peak_stored_bytes", "peak_save_queue_bytes"}
 )
+# counters of whole blocks that every rank of an engine sees alike: under tensor
+# parallelism every rank moves its shards of the same blocks and agrees which landed, so
+# only the first rank counts them; bytes, seconds and each rank's own failures (a full
+# save queue, a failed write) are counted by every rank and summed over ranks
+BLOCK_COUNTERS = frozenset({"loaded_blocks", "load_errors", "saved_blocks", "tainted_saves"})
 
 
 @dataclass
@@ -40,12 +45,19 @@ class TierStats:
     peak_stored_bytes: int = 0  # highest stored_bytes seen
     peak_save_queue_bytes: int = 0  # most host bytes of saves ever waiting for the store
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # False on every rank but the engine's first: its BLOCK_COUNTERS stay 0
+    _counts_blocks: bool = field(default=True, repr=False, compare=False)
+
+    def count_blocks(self, counts: bool) -> None:
+        """Whether this rank counts whole blocks (``BLOCK_COUNTERS``); one rank does."""
+        self._counts_blocks = counts
 
     def add(self, **deltas: float) -> None:
         """Add each delta to the counter of that name."""
         with self._lock:
             for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
+                if self._counts_blocks or name not in BLOCK_COUNTERS:
+                    setattr(self, name, getattr(self, name) + delta)
 
     def observe_stored(self, stored: int) -> None:
         """Record the store's current size and keep its peak."""

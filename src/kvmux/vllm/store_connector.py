@@ -207,6 +207,7 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
         spec = self.config.store
         tp_rank, stage = _parallel_ranks()
         self._rank = stage * int(vllm_config.parallel_config.tensor_parallel_size) + tp_rank
+        self.stats.count_blocks(self._rank == 0)  # every rank moves the same blocks
         worker: WorkerBase
         if isinstance(spec, MemorySpec):  # host slots, no bytes: see tier/worker/slab.py
             worker = self.open_slab_worker(spec, spec.capacity // slab_slot_bytes(kv_cache_config))

@@ -444,7 +444,7 @@ class StoreWorker(WorkerBase):
                     del self._pending[skey]
         error = None if future.cancelled() else future.exception()
         if error is not None:  # never lost: a failed batch is counted and logged
-            self._stats.add(save_errors=len(keys))
+            self._stats.add(save_errors=len(set(blocks)))
             self._report_missing(blocks)
             self._warn_once(
                 "write", "kvmux tier %s: a save batch failed: %r", self._store.name, error
@@ -468,12 +468,13 @@ class StoreWorker(WorkerBase):
             for row in rows
         ]
         stored = self._guarded("put", self._store.put_many_parts, items, [False] * len(items))
-        self._report_missing(blocks[row] for row, ok in zip(rows, stored, strict=True) if not ok)
+        failed = {blocks[row] for row, ok in zip(rows, stored, strict=True) if not ok}
+        self._report_missing(failed)
         kept = zip(items, stored, strict=True)
         written = sum(value_nbytes(parts) for (_, parts), ok in kept if ok)
-        self._stats.add(
-            saved_blocks=sum(stored),
-            save_errors=len(items) - sum(stored),
+        self._stats.add(  # blocks: those whose every shard written here is stored
+            saved_blocks=len({blocks[row] for row in rows} - failed),
+            save_errors=len(failed),
             bytes_saved=written,
             save_seconds=time.perf_counter() - started,
         )
