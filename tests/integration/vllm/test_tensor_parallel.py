@@ -1,10 +1,15 @@
-"""Tensor parallelism (TP=2 on vLLM's CPU build): a shard missing on one rank only.
+"""Tensor parallelism (TP=2 on vLLM's CPU build): one cache for every TP size, and a
+shard that fails on one rank only.
 
-The scheduler looks a block up on rank 0; rank 1's shard of it may be gone (evicted,
-deleted by a writer of the tier). The forward pass then computes over a failed shard and
-its all-reduce spreads the error to every rank, so every rank must treat the block as
-failed: neither may save what was computed over it. The oracle: after the failed load,
-the whole prompt loads with the log-probabilities of a TP=2 run without connector.
+Entries are per KV head (``kvmux.tier.shards``): a TP=1 engine and a TP=2 engine on one
+disk or Redis tier load what the other stored. The oracle is the log-probabilities of a
+run without connector at the loading engine's own TP size (the all-reduce changes the
+last bits between sizes, so KV computed at one size differs from the other's in them).
+
+A shard may be present and fail to verify on one rank only (a writer of the tier wrote
+over it). The forward pass then computes over a failed shard and its all-reduce spreads
+the error to every rank, so every rank must treat the block as failed: neither may save
+what was computed over it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ pytestmark = pytest.mark.vllm
 BLOCK = 128
 HEAD = make_prompt(60, 9 * BLOCK + 1)  # 9 full blocks below its last token
 LONG = make_prompt(61, 13 * BLOCK + 1, prefix=HEAD[: 9 * BLOCK])  # HEAD's blocks, 4 more
-MISSING_BLOCK = 4  # rank 1's shard of it is deleted
+MISSING_BLOCK = 4  # rank 1's shard of it (head 1 of the 2) is overwritten
 LOGPROB_TOLERANCE = 1e-3
 TP_ENV = {
     **ENGINE_ENV,
@@ -43,20 +48,27 @@ ENGINE = {**BASE_ENGINE, "enable_prefix_caching": False, "tensor_parallel_size":
 SETTLE = {"op": "sleep", "seconds": 1.0}  # the writer threads store what was saved
 
 
-def _run(model: str, kv: dict[str, Any] | None, steps: list[dict[str, Any]]) -> dict[str, Any]:
+TP1_ENGINE = {**ENGINE, "tensor_parallel_size": 1}
+
+
+def _run(
+    model: str, kv: dict[str, Any] | None, steps: list[dict[str, Any]], tp: int = 2
+) -> dict[str, Any]:
+    if tp == 1:
+        return run_scripted_job(model, TP1_ENGINE, kv, steps, ENGINE_ENV)
     return run_scripted_job(model, ENGINE, kv, steps, TP_ENV)
 
 
-def _shard_path(folder: Path, namespace: str, block: int, rank: int) -> Path:
+def _shard_path(folder: Path, namespace: str, block: int, shard: int) -> Path:
     generation = decode_record((folder / "generation").read_bytes(), None)
     assert generation is not None
     root = generation_namespace(bytes.fromhex(namespace), generation)
-    key = store_key(block_keys(root, HEAD, BLOCK)[block], rank).hex()
+    key = store_key(block_keys(root, HEAD, BLOCK)[block], shard).hex()
     return folder / key[:2] / f"{key}.kvx"
 
 
-def test_a_shard_missing_on_one_rank_leaves_no_wrong_block_in_the_tier(
-    tiny_model: str, tmp_path: Path
+def test_a_shard_failing_on_one_rank_leaves_no_wrong_block_in_the_tier(
+    tiny_model: str, tmp_path: Path, reference_tp2: dict[str, Any]
 ) -> None:
     folder = tmp_path / "disk"
     kv = store_kv(
@@ -64,17 +76,69 @@ def test_a_shard_missing_on_one_rank_leaves_no_wrong_block_in_the_tier(
     )
     first = _run(tiny_model, kv, [generate(HEAD), SETTLE, {"op": "namespace"}])
     namespace = results(first, "namespace")[0]["namespace"]
-    for rank in (0, 1):
-        assert _shard_path(folder, namespace, MISSING_BLOCK, rank).is_file()
-    _shard_path(folder, namespace, MISSING_BLOCK, 1).unlink()
+    for shard in (0, 1):
+        assert _shard_path(folder, namespace, MISSING_BLOCK, shard).is_file()
+    victim = _shard_path(folder, namespace, MISSING_BLOCK, 1)
+    victim.write_bytes(b"written over by a writer of the tier" * 64)
     steps = [generate(LONG, logprobs=True), SETTLE, generate(LONG, logprobs=True)]
     second = _run(tiny_model, kv, steps)
     failed, again = results(second)
-    assert failed["num_cached_tokens"] == [9 * BLOCK]  # as looked up: rank 0 held them all
+    assert failed["num_cached_tokens"] == [9 * BLOCK]  # as looked up: every shard was there
     assert again["num_cached_tokens"] == [13 * BLOCK]  # everything, from the tier
-    reference = results(_run(tiny_model, None, [generate(LONG, logprobs=True)]))[0]
     for step in (failed, again):
-        assert step["tokens"] == reference["tokens"]
-        got, want = step["logprobs"][0], reference["logprobs"][0]
-        worst = max(abs(a - b) for a, b in zip(got, want, strict=True))
-        assert worst < LOGPROB_TOLERANCE, f"{step is again}: log-probabilities moved by {worst:.2e}"
+        _assert_exact(step, reference_tp2)
+
+
+@pytest.fixture(scope="module")
+def reference_tp2(tiny_model: str) -> dict[str, Any]:
+    """LONG's tokens and log-probabilities at TP=2, without connector."""
+    return results(_run(tiny_model, None, [generate(LONG, logprobs=True)]))[0]
+
+
+@pytest.fixture(scope="module")
+def reference_tp1(tiny_model: str) -> dict[str, Any]:
+    """LONG's tokens and log-probabilities at TP=1, without connector."""
+    return results(_run(tiny_model, None, [generate(LONG, logprobs=True)], tp=1))[0]
+
+
+def _assert_exact(step: dict[str, Any], reference: dict[str, Any]) -> float:
+    """The step's tokens are the reference's, its log-probabilities within the tolerance."""
+    assert step["tokens"] == reference["tokens"]
+    got, want = step["logprobs"][0], reference["logprobs"][0]
+    worst = max(abs(a - b) for a, b in zip(got, want, strict=True))
+    assert worst < LOGPROB_TOLERANCE, f"log-probabilities moved by {worst:.2e}"
+    return worst
+
+
+def _tier(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
+    if kind == "disk":
+        store = {"type": "disk", "path": str(tmp_path / "disk"), "capacity": "256MiB"}
+    else:
+        url = request.getfixturevalue("redis_server").url
+        store = {"type": "redis", "url": url, "key_prefix": f"tp-mix-{tmp_path.name}:"}
+    return store_kv({**store, "async_loads": "never"})
+
+
+@pytest.mark.parametrize("kind", ["disk", "redis"])
+def test_tp1_and_tp2_engines_share_one_tier(
+    kind: str,
+    tiny_model: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    reference_tp1: dict[str, Any],
+    reference_tp2: dict[str, Any],
+) -> None:
+    """TP=1 stores HEAD; TP=2 loads it and stores LONG's rest; TP=1 loads all of LONG."""
+    kv = _tier(kind, tmp_path, request)
+    first = _run(tiny_model, kv, [generate(HEAD), SETTLE, {"op": "stats"}], tp=1)
+    assert results(first, "stats")[0]["stats"][kind]["saved_blocks"] == 9
+    steps = [generate(LONG, logprobs=True), SETTLE, {"op": "stats"}]
+    second = _run(tiny_model, kv, steps)
+    loaded = results(second)[0]
+    assert loaded["num_cached_tokens"] == [9 * BLOCK]  # TP=1's entries
+    tp2_worst = _assert_exact(loaded, reference_tp2)
+    third = _run(tiny_model, kv, [generate(LONG, logprobs=True)], tp=1)
+    back = results(third)[0]
+    assert back["num_cached_tokens"] == [13 * BLOCK]  # 9 blocks of TP=1's, 4 of TP=2's
+    tp1_worst = _assert_exact(back, reference_tp1)
+    print(f"{kind}: TP=2 over TP=1's entries {tp2_worst:.1e}, TP=1 over both {tp1_worst:.1e}")
