@@ -142,3 +142,36 @@ def test_tp1_and_tp2_engines_share_one_tier(
     assert back["num_cached_tokens"] == [13 * BLOCK]  # 9 blocks of TP=1's, 4 of TP=2's
     tp1_worst = _assert_exact(back, reference_tp1)
     print(f"{kind}: TP=2 over TP=1's entries {tp2_worst:.1e}, TP=1 over both {tp1_worst:.1e}")
+
+
+def test_mux_over_memory_and_disk_at_tp2_after_a_reset_and_a_restart(
+    tiny_model: str, tmp_path: Path, reference_tp2: dict[str, Any]
+) -> None:
+    """A memory hit after a prefix-cache reset, a disk hit after a restart, both exact."""
+    tiers = [
+        {"type": "memory", "capacity": "64MiB"},
+        {"type": "disk", "path": str(tmp_path / "disk"), "capacity": "256MiB"},
+    ]
+    kv = {
+        "kv_connector": "MuxConnector",
+        "kv_connector_module_path": "kvmux.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"policy": "first", "tiers": tiers},
+    }
+    steps = [
+        generate(LONG),
+        SETTLE,
+        {"op": "reset_prefix_cache"},
+        generate(LONG, logprobs=True),
+        {"op": "stats"},
+    ]
+    first = _run(tiny_model, kv, steps)
+    from_memory = results(first)[1]
+    assert from_memory["num_cached_tokens"] == [13 * BLOCK]
+    assert results(first, "stats")[0]["stats"]["memory"]["hit_tokens"] == 13 * BLOCK
+    _assert_exact(from_memory, reference_tp2)
+    second = _run(tiny_model, kv, [generate(LONG, logprobs=True), {"op": "stats"}])
+    from_disk = results(second)[0]
+    assert from_disk["num_cached_tokens"] == [13 * BLOCK]
+    assert results(second, "stats")[0]["stats"]["disk"]["hit_tokens"] == 13 * BLOCK
+    _assert_exact(from_disk, reference_tp2)
