@@ -250,3 +250,44 @@ def test_block_shards_refuse_a_split_that_is_not_even() -> None:
         block_shards(6, 4, 0)
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
         block_shards(4, 6, 0)
+
+
+def test_the_gpu_copy_path_moves_one_head_of_a_strided_view(layout: str) -> None:
+    """HostSlab's and BlockMover's stream path (run on the host with RecordingStreams)
+    over head views: a head's bytes in, the other heads untouched."""
+    from kvmux.tier.worker.slab import HostSlab
+    from kvmux.tier.worker.streams import RecordingStreams
+    from kvmux.tier.worker.transfer import BlockMover, head_views
+
+    full = _full(layout)
+    source = [BlockMover(v, NUM_BLOCKS) for v in head_views(full, NUM_BLOCKS, HEADS)]
+    slab = HostSlab(source, 4, RecordingStreams())
+    slab.save(2, [1, 3], [0, 1])  # head 2 of blocks 1 and 3
+    target = {name: torch.zeros_like(t) for name, t in full.items()}
+    views = head_views(target, NUM_BLOCKS, HEADS)
+    into = [BlockMover(v, NUM_BLOCKS, RecordingStreams()) for v in views]
+    slab_in = HostSlab(into, 4, RecordingStreams())
+    slab_in._slots.copy_(slab._slots)  # the same slot bytes, as a store would give back
+    slab_in.load(2, [4, 5], [0, 1])
+    entries = []
+    for block in (1, 3):
+        parts = [bytes(p) for p in source[2].block_parts(source[2].copy_out([block]), 0)]
+        specs = source[2].layer_specs
+        data = codec.encode(NS, b"k" * 16, specs, parts)
+        entries.append(codec.decode(data, NS, b"k" * 16))
+    into[1].copy_in_many([1, 2], entries)  # head 2's bytes into head 1, by the staged path
+    _, axis = LAYOUTS[layout]
+    for name, got in target.items():
+        want = full[name]
+        for dst, src in ((4, 1), (5, 3)):
+            assert torch.equal(
+                _block(got, layout, dst).narrow(axis - 1, 2, 1),
+                _block(want, layout, src).narrow(axis - 1, 2, 1),
+            )
+        for dst, src in ((1, 1), (2, 3)):
+            assert torch.equal(
+                _block(got, layout, dst).narrow(axis - 1, 1, 1),
+                _block(want, layout, src).narrow(axis - 1, 2, 1),
+            )
+        for head in (0, 3):
+            assert not got.narrow(axis, head, 1).any()
