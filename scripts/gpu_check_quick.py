@@ -66,6 +66,7 @@ from kvmux.keys import block_keys, namespace_id  # noqa: E402
 from kvmux.metrics import TierStats  # noqa: E402
 from kvmux.stores.disk import DiskStore  # noqa: E402
 from kvmux.tier.scheduler.plan import BlockTransfer, RequestLoad, TierStepPlan  # noqa: E402
+from kvmux.tier.shards import block_shards  # noqa: E402
 from kvmux.tier.worker.base import WorkerBase  # noqa: E402
 from kvmux.tier.worker.slab import HostSlab  # noqa: E402
 from kvmux.tier.worker.slab_worker import SlabWorker  # noqa: E402
@@ -633,6 +634,51 @@ def _pinned(run: Run, directory: Path) -> None:
     disk.close()
 
 
+SHARD_LAYOUTS = {  # one layer's cache at TP=1, its block dimension and its head dimension
+    "blocks_heads": (lambda blocks: (blocks, HEADS, BLOCK, 2 * HEAD_DIM), 0, 1),  # vLLM 0.32+
+    "flash_attention": (lambda blocks: (2, blocks, BLOCK, HEADS, HEAD_DIM), 1, 3),
+}
+
+
+def _shard_round_trip(run: Run, directory: Path) -> None:
+    """Entries shared across TP sizes on the device: two TP=2 ranks save their heads of
+    every block (narrowed views), a TP=1 cache loads them whole, each over its own store
+    on one folder, as the ranks of two engines."""
+    count = 16
+    ids, targets = list(range(1, count + 1)), list(range(count + 1, 2 * count + 1))
+    for layout, (shape, dim, axis) in SHARD_LAYOUTS.items():
+        full = {}
+        for layer in range(LAYERS):
+            raw = torch.empty(shape(run.blocks), dtype=torch.bfloat16, device=run.device)
+            full[f"model.layers.{layer}.self_attn"] = (
+                raw.view(torch.uint8).random_(0, 256).view(torch.bfloat16)
+            )
+        want = _blocks_of(full, dim, ids)
+        keys = _keys(count, salt=7 + len(layout))
+        folder = directory / f"shards-{layout}"
+        for rank in range(2):
+            shards = block_shards(HEADS, 2, rank)
+            half = HEADS // 2
+            caches = {n: t.narrow(axis, rank * half, half).clone() for n, t in full.items()}
+            store = DiskStore(folder, capacity=1 << 34)
+            worker = StoreWorker(store, NAMESPACE, rank, TierStats(), 1 << 33, shards=shards)
+            worker.register(caches, run.blocks)
+            worker.save(_plan(1, keys, ids))
+            worker.close()  # every save written
+        loaded = {n: torch.zeros_like(t) for n, t in full.items()}
+        store = DiskStore(folder, capacity=1 << 34)
+        loader = StoreWorker(store, NAMESPACE, 0, TierStats(), 1 << 33, shards=block_shards(HEADS))
+        loader.register(loaded, run.blocks)
+        loader.load([BlockTransfer(k, b) for k, b in zip(keys, targets, strict=True)])
+        run.sync()
+        got = _blocks_of(loaded, dim, targets)
+        exact = all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+        errors = loader.take_load_errors()
+        loader.close()
+        note = f"TP=2 saves, TP=1 loads: {'byte-exact' if exact else 'BYTES DIFFER'}"
+        run.add(Row("shards across TP", layout, "bf16", exact and not errors, note=note))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -655,6 +701,7 @@ def main() -> int:
         _hazards(run, directory)
         _slowdown(run)
         _pinned(run, directory)
+        _shard_round_trip(run, directory)
     seconds = time.perf_counter() - started
     assert "vllm" not in sys.modules
     failed = [row for row in run.rows if not row.ok]
