@@ -634,9 +634,17 @@ def _pinned(run: Run, directory: Path) -> None:
     disk.close()
 
 
+def _blocks_heads(blocks: int) -> tuple[int, ...]:
+    return (blocks, HEADS, BLOCK, 2 * HEAD_DIM)  # vLLM 0.32+: [blocks, heads, tokens, K|V]
+
+
+def _flash_attention(blocks: int) -> tuple[int, ...]:
+    return (2, blocks, BLOCK, HEADS, HEAD_DIM)
+
+
 SHARD_LAYOUTS = {  # one layer's cache at TP=1, its block dimension and its head dimension
-    "blocks_heads": (lambda blocks: (blocks, HEADS, BLOCK, 2 * HEAD_DIM), 0, 1),  # vLLM 0.32+
-    "flash_attention": (lambda blocks: (2, blocks, BLOCK, HEADS, HEAD_DIM), 1, 3),
+    "blocks_heads": (_blocks_heads, 0, 1),
+    "flash_attention": (_flash_attention, 1, 3),
 }
 
 
