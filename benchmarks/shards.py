@@ -109,13 +109,14 @@ def _one(store: Callable[[], KVStore], shape: Shape, tp: int, layout: str, block
     keys = block_keys(NS, list(range(blocks * shape.tokens)), shape.tokens)
     plan = TierStepPlan(saves=[BlockTransfer(k, 1 + i) for i, k in enumerate(keys)])
     heads = shape.heads // tp
+    queue = 2 * blocks * shape.block_bytes  # room for every save: none is dropped
     savers, loaders, stats = [], [], []
     for rank in range(tp):
         shards = _shards(layout, shape, tp, rank)
-        saver = StoreWorker(store(), NS, rank, TierStats(), 1 << 34, shards=shards)
+        saver = StoreWorker(store(), NS, rank, TierStats(), queue, shards=shards)
         saver.register(_caches(shape, heads, blocks, rank), blocks + 1)
         loader_stats = TierStats()
-        loader = StoreWorker(store(), NS, rank, loader_stats, 1 << 34, shards=shards)
+        loader = StoreWorker(store(), NS, rank, loader_stats, queue, shards=shards)
         loader.register(_caches(shape, heads, blocks, 100 + rank), blocks + 1)
         savers.append(saver)
         loaders.append(loader)

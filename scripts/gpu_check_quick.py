@@ -662,6 +662,7 @@ def _shard_round_trip(run: Run, directory: Path) -> None:
                 raw.view(torch.uint8).random_(0, 256).view(torch.bfloat16)
             )
         want = _blocks_of(full, dim, ids)
+        queue = 2 * sum(b[0].numel() for b in want)  # every save fits, a small pinned slab
         keys = _keys(count, salt=7 + len(layout))
         folder = directory / f"shards-{layout}"
         for rank in range(2):
@@ -669,13 +670,13 @@ def _shard_round_trip(run: Run, directory: Path) -> None:
             half = HEADS // 2
             caches = {n: t.narrow(axis, rank * half, half).clone() for n, t in full.items()}
             store = DiskStore(folder, capacity=1 << 34)
-            worker = StoreWorker(store, NAMESPACE, rank, TierStats(), 1 << 33, shards=shards)
+            worker = StoreWorker(store, NAMESPACE, rank, TierStats(), queue, shards=shards)
             worker.register(caches, run.blocks)
             worker.save(_plan(1, keys, ids))
             worker.close()  # every save written
         loaded = {n: torch.zeros_like(t) for n, t in full.items()}
         store = DiskStore(folder, capacity=1 << 34)
-        loader = StoreWorker(store, NAMESPACE, 0, TierStats(), 1 << 33, shards=block_shards(HEADS))
+        loader = StoreWorker(store, NAMESPACE, 0, TierStats(), queue, shards=block_shards(HEADS))
         loader.register(loaded, run.blocks)
         loader.load([BlockTransfer(k, b) for k, b in zip(keys, targets, strict=True)])
         run.sync()
