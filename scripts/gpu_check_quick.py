@@ -662,7 +662,7 @@ def _shard_round_trip(run: Run, directory: Path) -> None:
                 raw.view(torch.uint8).random_(0, 256).view(torch.bfloat16)
             )
         want = _blocks_of(full, dim, ids)
-        queue = 2 * sum(b[0].numel() for b in want)  # every save fits, a small pinned slab
+        queue = 2 * sum(b.numel() for b in want)  # every save fits, a small pinned slab
         keys = _keys(count, salt=7 + len(layout))
         folder = directory / f"shards-{layout}"
         for rank in range(2):
