@@ -12,10 +12,11 @@ import torch
 from blake3 import blake3
 
 from kvmux.errors import ConfigError
-from kvmux.tier.shards import BlockShards, block_shards
+from kvmux.tier.shards import BlockShards
 from kvmux.tier.worker.save_queue import SaveQueueSizing, host_memory_bytes
 from kvmux.tier.worker.slab import ROW_ALIGN
 from kvmux.vllm.checkpoint import checkpoint_identity
+from kvmux.vllm.entry_layout import HEADS, PER_RANK, EntryLayout, entry_layout, group_spec
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
@@ -133,46 +134,26 @@ def _kv_cache_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     return str(layout or "")
 
 
-ENTRY_LAYOUT = "kv-head-shards-v1"  # in the namespace: entries of another layout never load
-
-
-def _splits_heads(vllm_config: VllmConfig) -> bool:
-    """Whether the KV cache has heads to split: not MLA's one latent per token."""
-    return not bool(getattr(vllm_config.model_config, "use_mla", False))
-
-
-def _total_kv_heads(vllm_config: VllmConfig, local: int) -> int:
-    """The model's KV heads, from a rank's ``local`` heads of one group (``local`` heads on
-    each of TP ranks, or one head replicated where the model has fewer than TP)."""
-    tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
-    model_heads = int(vllm_config.model_config.get_total_num_kv_heads())
-    return model_heads if local == 1 and model_heads < tp_size else local * tp_size
-
-
 def engine_shards(
     vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, tp_rank: int = 0, pp_rank: int = 0
 ) -> BlockShards:
-    """The shards every block is stored in, and which of them the rank holds and writes.
-
-    Heads are split where every KV cache group's rank holds the same number of KV heads
-    (vLLM's models); MLA's latent, replicated on every rank, is one shard per stage.
-    """
-    parallel = vllm_config.parallel_config
-    tp_size, pp_size = int(parallel.tensor_parallel_size), int(parallel.pipeline_parallel_size)
-    local = {
-        int(getattr(g.kv_cache_spec, "num_kv_heads", 0)) for g in kv_cache_config.kv_cache_groups
-    }
-    split = _splits_heads(vllm_config) and len(local) == 1 and min(local) > 0
-    heads = _total_kv_heads(vllm_config, min(local)) if split else 1
-    return block_shards(heads, tp_size, tp_rank, pp_size, pp_rank, split)
+    """The shards every block is stored in, and which of them the rank holds and writes
+    (``kvmux.vllm.entry_layout``)."""
+    pp_size = int(vllm_config.parallel_config.pipeline_parallel_size)
+    return entry_layout(vllm_config, kv_cache_config).shards(tp_rank, pp_size, pp_rank)
 
 
-def _head_page_bytes(vllm_config: VllmConfig, spec: Any) -> int:
-    """Bytes of one block of one layer, per KV head where heads are split: the same at
-    every tensor-parallel size."""
-    heads = int(getattr(spec, "num_kv_heads", 0))
-    split = _splits_heads(vllm_config) and heads > 0
-    return int(spec.page_size_bytes) // heads if split else int(spec.page_size_bytes)
+def _layout_keys(layout: EntryLayout, spec: Any) -> dict[str, Any]:
+    """What of the entry layout a namespace names: per head, the model's KV heads and
+    one head's page bytes (the same at every TP size); per rank, the TP size too."""
+    local = int(getattr(spec, "num_kv_heads", 0) or 0)
+    page = int(spec.page_size_bytes)
+    if layout.name == HEADS:
+        return {"num_kv_heads": layout.heads, "head_page_bytes": page // max(1, local)}
+    keys: dict[str, Any] = {"num_kv_heads": local, "page_size_bytes": page}
+    if layout.name == PER_RANK:
+        keys["tensor_parallel_size"] = layout.tp_size
+    return keys
 
 
 def _stage_layers(vllm_config: VllmConfig, names: list[str]) -> dict[str, Any]:
@@ -186,8 +167,10 @@ def _stage_layers(vllm_config: VllmConfig, names: list[str]) -> dict[str, Any]:
 def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> dict[str, Any]:
     """The namespace mapping that keys and entry headers are bound to.
 
-    It names everything that changes a block's bytes but the tensor-parallel size:
-    entries are per KV head (``engine_shards``), the same whatever the number of ranks.
+    It names everything that changes a block's bytes; the tensor-parallel size only where
+    entries are per rank (``kvmux.vllm.entry_layout``): per-head entries are the same
+    whatever the number of ranks. Each group is described by the spec the scheduler sees
+    (``group_spec``), so that every process names the same namespace.
     """
     from vllm.platforms import current_platform
 
@@ -195,9 +178,10 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     parallel = vllm_config.parallel_config
     groups = kv_cache_config.kv_cache_groups
     group = groups[0]
-    spec = group.kv_cache_spec
+    spec = group_spec(group)
     device = str(current_platform.device_type)
-    local_heads = int(getattr(spec, "num_kv_heads", 0))
+    layout = entry_layout(vllm_config, kv_cache_config)
+    one_stage = int(parallel.pipeline_parallel_size) == 1
     namespace: dict[str, Any] = {
         "model": str(model.model),
         "revision": str(model.revision),
@@ -208,12 +192,14 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
         "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
         "kv_spec": type(spec).__name__,
         "kv_dtype": str(getattr(spec, "dtype", "")),
-        "num_kv_heads": _total_kv_heads(vllm_config, local_heads) if local_heads else 0,
+        **_layout_keys(layout, spec),
         "head_size": int(getattr(spec, "head_size", 0)),
-        "head_page_bytes": _head_page_bytes(vllm_config, spec),
-        "num_layers": int(model.get_total_num_hidden_layers()),
+        # a stage's own layers are its shard's: the whole model's count under PP
+        "num_layers": len(group.layer_names)
+        if one_stage
+        else int(model.get_total_num_hidden_layers()),
         "block_size": int(spec.block_size),
-        "entry_layout": ENTRY_LAYOUT,
+        "entry_layout": layout.name,
         "pipeline_parallel_size": int(parallel.pipeline_parallel_size),
         "device": device,
         "cpu_isa": torch.backends.cpu.get_cpu_capability() if device == "cpu" else "",
@@ -222,20 +208,18 @@ def engine_namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) ->
     if int(parallel.pipeline_parallel_size) > 1:
         namespace.update(_stage_layers(vllm_config, []))
     if len(groups) > 1:  # a hybrid model: every group's layers and layout
-        namespace["kv_cache_groups"] = [_describe_group(vllm_config, g) for g in groups]
+        namespace["kv_cache_groups"] = [_describe_group(vllm_config, layout, g) for g in groups]
     return namespace
 
 
-def _describe_group(vllm_config: VllmConfig, group: Any) -> dict[str, Any]:
+def _describe_group(vllm_config: VllmConfig, layout: EntryLayout, group: Any) -> dict[str, Any]:
     """What of one KV cache group changes the bytes, or the meaning, of its entries."""
-    spec = group.kv_cache_spec
-    local_heads = int(getattr(spec, "num_kv_heads", 0))
+    spec = group_spec(group)
     return {
         "kv_spec": type(spec).__name__,
         "kv_dtype": str(getattr(spec, "dtype", "")),
-        "num_kv_heads": _total_kv_heads(vllm_config, local_heads) if local_heads else 0,
+        **_layout_keys(layout, spec),
         "head_size": int(getattr(spec, "head_size", 0)),
-        "head_page_bytes": _head_page_bytes(vllm_config, spec),
         "block_size": int(spec.block_size),
         "sliding_window": int(getattr(spec, "sliding_window", 0) or 0),
         **_stage_layers(vllm_config, list(group.layer_names)),

@@ -45,6 +45,7 @@ from kvmux.vllm.engine_config import (
     saves_copy_async,
     slab_slot_bytes,
 )
+from kvmux.vllm.entry_layout import entry_layout
 from kvmux.vllm.events import events_enabled
 from kvmux.vllm.logs import adopt_vllm_logging
 from kvmux.vllm.metadata import StoreConnectorMetadata
@@ -176,8 +177,14 @@ class StoreConnector(KVConnectorBase_V1, SupportsHMA):
             self.work = StoreConnectorWorker(
                 self._build_worker(vllm_config, kv_cache_config), len(self._windows)
             )
+        layout = entry_layout(vllm_config, kv_cache_config)
         log.info(
-            "kvmux StoreConnector %s (%s) ready as %s", spec.name, type(spec).__name__, role.name
+            "kvmux StoreConnector %s (%s) ready as %s; entries %s%s",
+            spec.name,
+            type(spec).__name__,
+            role.name,
+            layout.name,
+            f" ({layout.reason})" if layout.reason else "",
         )
 
     def _build_scheduler(

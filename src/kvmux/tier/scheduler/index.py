@@ -192,12 +192,19 @@ class SharedStoreView(TierView):
         keys = keys[: self._lost.usable(keys)]
         if not keys:
             return 0
-        wanted = [store_key(key, shard) for key in keys for shard in range(self._shards)]
-        held_shards = self._guarded("lookup", lambda: self._store.count_prefix(wanted), None)
-        if held_shards is None:  # the store cannot be reached: what it writes cannot load either
+        held = self._guarded("lookup", lambda: self._held(keys), None)
+        if held is None:  # the store cannot be reached: what it writes cannot load either
             return 0
-        held = held_shards // self._shards  # the blocks with every shard, from the first
         return held + self._recent.count_prefix(keys[held:])
+
+    def _held(self, keys: Sequence[BlockKey]) -> int:
+        """The blocks from the first with every shard in the store: shard 0 of each first
+        (a miss costs one check per block), then every other shard of those."""
+        first = self._store.count_prefix([store_key(key, 0) for key in keys])
+        if self._shards == 1 or not first:
+            return first
+        rest = [store_key(key, s) for key in keys[:first] for s in range(1, self._shards)]
+        return self._store.count_prefix(rest) // (self._shards - 1)
 
     def record_saved(self, keys: Iterable[BlockKey]) -> list[BlockKey]:
         """Count the keys as held while they are written; the store evicts on its own."""

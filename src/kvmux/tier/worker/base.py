@@ -62,7 +62,13 @@ class WorkerBase(ABC):
             landed = self._load_blocks(loads)
         except Exception as exc:
             error, landed = exc, [False] * len(loads)
-        landed = self._agreement(landed)
+        agreed = self._agreement(landed)
+        overruled = sum(
+            mine and not all_ranks for mine, all_ranks in zip(landed, agreed, strict=True)
+        )
+        if overruled:  # landed here, failed on another rank: recomputed, counted as failed
+            self._stats.add(loaded_blocks=-overruled, load_errors=overruled)
+        landed = agreed
         if error is not None:
             failed = {t.block_id for t in loads}
             self._load_errors |= failed

@@ -164,8 +164,8 @@ class StoreWorker(WorkerBase):
         # a shard of any group; vLLM's groups are of one size, the queue's bytes then)
         self._size_save_queue()
         slots = self._save_queue // max(1, min(self._mover_bytes, default=1))
-        slots = min(slots, MAX_STAGING_SLOTS)
-        if self._movers and slots:
+        slots = min(slots, MAX_STAGING_SLOTS * max(1, len(self._shards.local)))
+        if self._movers and slots and self._shards.writes:  # a replica saves nothing
             self._staging = HostSlab(self._movers, slots)
             self._free_slots = list(range(slots))
         if self._movers:
