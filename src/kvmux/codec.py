@@ -58,6 +58,7 @@ _MAX_NDIM = 32  # dimensions of one layer's shape
 _MAX_DIM = 2**63 - 1  # one dimension fits an int64, as tensor libraries need
 _MAX_SIZE = 2**64 - 1  # a payload length (the u64 range)
 _MAX_INT_DIGITS = 20  # digits of the longest integer literal a header may hold (2**64 - 1)
+_LONG_INT = re.compile(rb"[:\[,]\s*-?\d{%d}" % (_MAX_INT_DIGITS + 1))  # a longer number token
 _DTYPE_SIZES = {
     "float32": 4,
     "float16": 2,
@@ -255,7 +256,8 @@ def _parse_header(
         raise CorruptEntry("entry belongs to another namespace")
     if header.get("key") != key.hex():
         raise CorruptEntry("entry stored under another key")
-    layers = _parse_layers(header.get("layers"))
+    no_booleans = b"true" not in raw and b"false" not in raw
+    layers = _parse_layers(header.get("layers"), strict_types=not no_booleans)
     payload_len = header.get("payload_len")
     if not _is_size(payload_len, _MAX_SIZE):
         raise CorruptEntry(f"malformed header: bad payload length {_describe(payload_len)}")
@@ -268,30 +270,40 @@ def _parse_header(
 def _load_json(raw: bytes) -> object:
     """JSON with short integer literals only: no floats, NaN or Infinity, no bignums."""
     try:
+        # integers are parsed by json's own C parser, once no number literal is longer
+        # than _MAX_INT_DIGITS (a bignum costs quadratic time); each is checked against
+        # its field's range afterwards (_is_size)
+        if _LONG_INT.search(raw):
+            raise ValueError(f"an integer literal of more than {_MAX_INT_DIGITS} digits")
         return json.loads(
-            raw.decode("utf-8"),
-            parse_int=_parse_int,
-            parse_float=_refuse_number,
-            parse_constant=_refuse_number,
+            raw.decode("utf-8"), parse_float=_refuse_number, parse_constant=_refuse_number
         )
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError too
         raise CorruptEntry(f"malformed header: {exc}") from exc
-
-
-def _parse_int(literal: str) -> int:
-    if len(literal) > _MAX_INT_DIGITS:
-        raise ValueError(f"integer literal of {len(literal)} digits")
-    return int(literal)
 
 
 def _refuse_number(literal: str) -> int:
     raise ValueError(f"non-integer number {literal[:40]}")
 
 
-def _parse_layers(raw: object) -> tuple[LayerSpec, ...]:
+# the last layer list parsed and its specs: a tier's entries repeat one list (a block's
+# layers, or one head's), so most headers compare equal to it instead of parsing again
+_last_layers: tuple[list[object], tuple[LayerSpec, ...]] = ([], ())
+
+
+def _parse_layers(raw: object, strict_types: bool = True) -> tuple[LayerSpec, ...]:
+    """The layer specs of a header's ``layers``. Unless ``strict_types`` (the header may
+    hold a boolean, which compares equal to 0 or 1), a list equal to the last one parsed
+    takes its specs."""
+    global _last_layers
     if not isinstance(raw, list):
         raise CorruptEntry("malformed header: layers is not a list")
-    return tuple(_parse_layer(item) for item in raw)
+    last = _last_layers
+    if not strict_types and raw == last[0]:
+        return last[1]
+    specs = tuple(_parse_layer(item) for item in raw)
+    _last_layers = (raw, specs)
+    return specs
 
 
 def _parse_layer(item: object) -> LayerSpec:
@@ -319,7 +331,7 @@ def _describe(value: object) -> str:
     if isinstance(value, str):
         return repr(value[:40])
     if type(value) is int:
-        return str(value)  # at most _MAX_INT_DIGITS digits, by _parse_int
+        return str(value)  # at most _MAX_INT_DIGITS digits (_LONG_INT)
     if isinstance(value, list):
         return f"(a list of {len(value)} items)"
     return f"of type {type(value).__name__}"
