@@ -25,7 +25,9 @@ class ModelSize:
 
 
 MODEL_SIZES = {
-    "tiny": ModelSize(2, 128, 4, 2, 256, 1024, 8192),
+    # one KV head: one entry per block (kvmux.tier.shards), which the tests count
+    "tiny": ModelSize(2, 128, 4, 1, 256, 1024, 8192),
+    "tiny-gqa": ModelSize(2, 128, 4, 2, 256, 1024, 8192),  # 2 KV heads: one per TP=2 rank
     "demo": ModelSize(4, 512, 8, 4, 1408, 8192, 8192),
     "bench": ModelSize(8, 1024, 8, 4, 2816, 32000, 16384),
     "llama-1b": ModelSize(16, 2048, 32, 8, 8192, 128256, 32768),  # Llama 3.2 1B's shape

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from kvmux.keys import block_keys, generation_namespace, store_key
+from kvmux.testing.models import build_random_llama
 from kvmux.tier.scheduler.generation import decode_record
 from tests.integration.conftest import (
     BASE_ENGINE,
@@ -49,6 +50,12 @@ SETTLE = {"op": "sleep", "seconds": 1.0}  # the writer threads store what was sa
 
 
 TP1_ENGINE = {**ENGINE, "tensor_parallel_size": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Llama with 2 KV heads: one per rank at TP=2, two shards per block."""
+    return str(build_random_llama(tmp_path_factory.mktemp("model") / "tiny-gqa", "tiny-gqa"))
 
 
 def _run(
