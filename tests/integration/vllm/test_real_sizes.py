@@ -37,9 +37,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_random_llama(tmp_path_factory.mktemp("model") / "kv8b", "llama-8b-kv"))
 
 
-def run(model: str, kv: dict[str, Any] | None) -> dict[str, Any]:
-    """One engine (the engine's own batch defaults), the prompt once, with its stats."""
-    steps = [generate(PROMPT, max_tokens=4, logprobs=True), {"op": "stats"}]
+SETTLE = {"op": "sleep", "seconds": 10.0}  # the writer threads store what was saved
+
+
+def run(model: str, kv: dict[str, Any] | None, settle: bool = False) -> dict[str, Any]:
+    """One engine (the engine's own batch defaults), the prompt once, with its stats
+    (after the saves are written, with ``settle``)."""
+    steps = [generate(PROMPT, max_tokens=4, logprobs=True), *([SETTLE] if settle else [])]
+    steps.append({"op": "stats"})
     job = {"model": model, "engine": ENGINE, "kv": kv, "steps": steps}
     return run_engine_job(job, env=ENV)
 
@@ -70,7 +75,7 @@ def reference(model: str) -> dict[str, Any]:
 def stored(model: str, tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer):
     """The writer's run, its disk folder and the Redis URL."""
     folder = tmp_path_factory.mktemp("tiers") / "disk"
-    writer = run(model, mux(memory(), disk(folder), redis(redis_server.url)))
+    writer = run(model, mux(memory(), disk(folder), redis(redis_server.url)), settle=True)
     return writer, folder, redis_server.url
 
 
