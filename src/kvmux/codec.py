@@ -58,7 +58,7 @@ _MAX_NDIM = 32  # dimensions of one layer's shape
 _MAX_DIM = 2**63 - 1  # one dimension fits an int64, as tensor libraries need
 _MAX_SIZE = 2**64 - 1  # a payload length (the u64 range)
 _MAX_INT_DIGITS = 20  # digits of the longest integer literal a header may hold (2**64 - 1)
-_LONG_INT = re.compile(rb"[:\[,]\s*-?\d{%d}" % (_MAX_INT_DIGITS + 1))  # a longer number token
+_LONG_INT = re.compile(rb"(?:^|[:\[,])\s*-?\d{%d}" % (_MAX_INT_DIGITS + 1))  # a longer number token
 _DTYPE_SIZES = {
     "float32": 4,
     "float16": 2,

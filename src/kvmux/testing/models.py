@@ -25,8 +25,9 @@ class ModelSize:
 
 
 MODEL_SIZES = {
-    # one KV head: one entry per block (kvmux.tier.shards), which the tests count
-    "tiny": ModelSize(2, 128, 4, 1, 256, 1024, 8192),
+    # one KV head of 64 (a block's bytes as 2 heads of 32): one entry per block
+    # (kvmux.tier.shards), which the tests count, and the tier sizes the tests chose
+    "tiny": ModelSize(2, 128, 4, 1, 256, 1024, 8192, head_dim=64),
     "tiny-gqa": ModelSize(2, 128, 4, 2, 256, 1024, 8192),  # 2 KV heads: one per TP=2 rank
     "demo": ModelSize(4, 512, 8, 4, 1408, 8192, 8192),
     "bench": ModelSize(8, 1024, 8, 4, 2816, 32000, 16384),

@@ -77,7 +77,9 @@ def entry_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Ent
     if obstacle:
         return EntryLayout(PER_RANK, 0, tp_size, obstacle)
     if bool(getattr(vllm_config.model_config, "use_mla", False)):
-        return EntryLayout(REPLICATED, 0, tp_size, "MLA: one latent per token on every rank")
+        if all(type(spec).__name__ == "MLAAttentionSpec" for spec in specs):
+            return EntryLayout(REPLICATED, 0, tp_size, "MLA: one latent per token on every rank")
+        return EntryLayout(PER_RANK, 0, tp_size, "MLA beside other attention layers")
     local = int(specs[0].num_kv_heads)
     model_heads = int(vllm_config.model_config.get_total_num_kv_heads())
     heads = model_heads if local == 1 and model_heads < tp_size else local * tp_size
